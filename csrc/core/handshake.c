@@ -1,0 +1,137 @@
+/* The handshake: a dialer sends a hello (magic, wire version, token
+ * proof, its id); the acceptor answers with a welcome carrying its verdict.
+ * The acceptor's half runs in the progress engine on non-blocking sockets,
+ * so a stranger that sends garbage, or nothing, never stalls the listener:
+ * bad bytes close the connection at once, silence after a deadline. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "transport/transport.h"
+
+#define HANDSHAKE_NS (5ull * 1000000000ull)
+
+void hello_fill(const slime_ctx_t *ctx, int transport, wire_hello_t *h) {
+    memset(h, 0, sizeof *h);
+    h->magic = WIRE_HELLO_MAGIC;
+    h->version = SLIME_WIRE_VERSION;
+    h->transport = (uint8_t)transport;
+    h->proof = ctx->proof;
+    h->ctx_id = ctx->id;
+    h->pid = ctx->addr.pid;
+}
+
+slime_status_t welcome_check(const slime_ctx_t *ctx, const wire_welcome_t *w) {
+    (void)ctx;
+    if (w->magic != WIRE_WELCOME_MAGIC)
+        return slime_errorf(SLIME_ERR_PROTOCOL, "handshake: the peer's reply is not a dlslime welcome");
+    if (w->version != SLIME_WIRE_VERSION)
+        return slime_errorf(SLIME_ERR_REFUSED, "handshake: peer speaks wire version %u, we speak %u",
+                            w->version, SLIME_WIRE_VERSION);
+    if (w->verdict == WELCOME_REFUSED)
+        return slime_errorf(SLIME_ERR_REFUSED, "peer refused the connection: %.*s",
+                            (int)sizeof w->reason, w->reason);
+    return SLIME_OK;
+}
+
+static slime_ep_t *refuse(wire_welcome_t *w, uint16_t verdict, const char *why) {
+    w->verdict = verdict;
+    snprintf(w->reason, sizeof w->reason, "%s", why);
+    return NULL;
+}
+
+slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h, wire_welcome_t *w) {
+    memset(w, 0, sizeof *w);
+    w->magic = WIRE_WELCOME_MAGIC;
+    w->version = SLIME_WIRE_VERSION;
+    w->ctx_id = ctx->id;
+    w->pid = ctx->addr.pid;
+    if (h->version != SLIME_WIRE_VERSION) {
+        char why[96];
+        snprintf(why, sizeof why, "wire version %u is not ours (%u)", h->version, SLIME_WIRE_VERSION);
+        return refuse(w, WELCOME_REFUSED, why);
+    }
+    if (h->proof != ctx->proof) return refuse(w, WELCOME_REFUSED, "job token mismatch");
+    if (ctx->force && h->transport != ctx->force)
+        return refuse(w, WELCOME_REFUSED, "transport not allowed: this context is forced to another one");
+    if (h->ctx_id == ctx->id) return refuse(w, WELCOME_REFUSED, "a context cannot connect to itself");
+    slime_ep_t *ep = ep_find(ctx, h->ctx_id);
+    if (!ep) {
+        ep = ep_new(ctx, h->ctx_id);
+        if (!ep) return refuse(w, WELCOME_REFUSED, "out of memory");
+        return ep;
+    }
+    if (ep->state == EP_UP) return refuse(w, WELCOME_DUPLICATE, "already connected");
+    /* both sides dial at once: the dial of the lower id wins */
+    if (ep->dialing && h->ctx_id > ctx->id) return refuse(w, WELCOME_DUPLICATE, "our dial wins");
+    return ep;
+}
+
+void pending_conn_add(slime_ctx_t *ctx, int fd, int transport) {
+    pending_conn_t *pc = calloc(1, sizeof *pc);
+    if (!pc) { close(fd); return; }
+    pc->fd = fd;
+    pc->transport = transport;
+    pc->xfd[0] = pc->xfd[1] = -1;
+    pc->deadline_ns = now_ns() + env_size("DLSLIME_HANDSHAKE_TIMEOUT_MS", 5000) * 1000000ull;
+    pc->pollable.kind = POLL_PENDING;
+    pc->pollable.obj = pc;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = &pc->pollable};
+    if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) { close(fd); free(pc); return; }
+    list_push_back(&ctx->pending_conns, &pc->link);
+    pending_conn_progress(ctx, pc); /* the hello may be here already */
+}
+
+void pending_conn_close(slime_ctx_t *ctx, pending_conn_t *pc) {
+    if (pc->fd >= 0) {
+        epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, pc->fd, NULL);
+        close(pc->fd);
+    }
+    for (int i = 0; i < 2; i++)
+        if (pc->xfd[i] >= 0) close(pc->xfd[i]);
+    list_del(&pc->link);
+    free(pc);
+}
+
+void pending_conn_progress(slime_ctx_t *ctx, pending_conn_t *pc) {
+    const transport_ops_t *tp = pc->transport == WIRE_TRANSPORT_SHM ? &slime_shm_transport : &slime_tcp_transport;
+    int r = tp->read_hello(ctx, pc);
+    if (r == 0) return;
+    if (r < 0) { pending_conn_close(ctx, pc); return; } /* a stranger: drop it */
+    wire_welcome_t w;
+    slime_ep_t *ep = hello_accept(ctx, &pc->hello, &w);
+    if (!ep) {
+        tp->send_welcome(ctx, pc, &w, NULL);
+        pending_conn_close(ctx, pc);
+        return;
+    }
+    void *conn = NULL;
+    if (tp->send_welcome(ctx, pc, &w, &conn) != SLIME_OK) {
+        if (ep->state == EP_CONNECTING && !ep->dialing) ep->state = EP_DOWN;
+        pending_conn_close(ctx, pc);
+        return;
+    }
+    epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, pc->fd, NULL);
+    uint32_t pid = pc->peer_pid ? pc->peer_pid : pc->hello.pid;
+    int fd = pc->fd;
+    pc->fd = -1; /* the endpoint owns it now */
+    ep_attach(ep, tp, conn, fd, pid);
+    list_push_back(&ctx->accepted, &ep->acceptq);
+    pending_conn_close(ctx, pc);
+}
+
+int pending_conn_expire(slime_ctx_t *ctx) {
+    int left = 0;
+    uint64_t now = now_ns();
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, &ctx->pending_conns) {
+        pending_conn_t *pc = container_of(pos, pending_conn_t, link);
+        if (now >= pc->deadline_ns) pending_conn_close(ctx, pc);
+        else left++;
+    }
+    return left;
+}

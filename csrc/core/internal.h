@@ -1,0 +1,299 @@
+/* The core's private objects.  One lock per context (ctx->lock) guards
+ * every list and state below unless a field says otherwise. */
+#ifndef SLIME_INTERNAL_H
+#define SLIME_INTERNAL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "core/util.h"
+#include "core/wire.h"
+#include "dlslime/dlslime.h"
+
+struct transport_ops;
+struct mr_shared;
+
+/* ---- errors (status.c) ---- */
+slime_status_t slime_errorf(slime_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+slime_status_t slime_verrorf(slime_status_t st, const char *fmt, va_list ap);
+
+/* ---- requests (req.c) ---- */
+enum req_kind {
+    REQ_SEND = 1, REQ_RECV, REQ_READ, REQ_WRITE, REQ_IMM_RECV, REQ_BATCH,
+};
+
+struct slime_req {
+    slime_ctx_t *ctx;
+    enum req_kind kind;
+    _Atomic int state;          /* SLIME_INPROGRESS or the final status */
+    bool detached;              /* freed by the core when it completes */
+    char *error;                /* detail of a failure, malloc'd */
+    uint64_t id;                /* wire id while the peer may refer to it */
+    slime_ep_t *ep;             /* NULL for recv_any until it matches */
+    slime_list_t qlink;         /* posted recvs, imm waiters, rma queue */
+    slime_list_t eplink;        /* ep->pending: failed with the ep */
+    /* what the operation works on */
+    uint64_t tag;
+    void *buf;                  /* send/recv buffer, or local addr of RMA */
+    size_t len;                 /* send length, recv capacity, RMA length */
+    size_t done;                /* bytes moved so far (RMA by CMA) */
+    size_t bytes;               /* result: bytes received */
+    uint32_t imm;
+    bool has_imm;
+    bool is_write;              /* RMA direction */
+    uint64_t r_handle, r_off;   /* RMA target */
+    uint32_t r_rkey;
+    uint64_t peer_req;          /* rendezvous: the peer's request id */
+    slime_mr_t *local_mr;       /* RMA: the local region, pinned */
+    /* batches */
+    slime_req_t *parent;
+    size_t children_left;
+    slime_status_t first_err;   /* batch: first child failure */
+};
+
+slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep);
+/* Completes req (under ctx->lock); fmt may be NULL on success. */
+void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+uint64_t req_id_assign(slime_ctx_t *ctx, slime_req_t *req);
+slime_req_t *req_id_lookup(slime_ctx_t *ctx, uint64_t id);
+void req_id_release(slime_ctx_t *ctx, slime_req_t *req);
+static inline bool req_done(const slime_req_t *r) {
+    return atomic_load_explicit(&r->state, memory_order_acquire) != SLIME_INPROGRESS;
+}
+
+/* ---- memory regions (mr.c) ---- */
+struct slime_mr {
+    slime_ctx_t *ctx;           /* NULL once the context is destroyed */
+    slime_list_t link;          /* ctx->mrs */
+    uint32_t slot, gen, rkey;
+    unsigned access;
+    void *addr;
+    size_t len;
+    _Atomic int local_users;    /* local requests still using it */
+};
+
+/* The shared MR table: mapped by every shm peer so it can check accesses
+ * it makes by CMA itself; the stream path checks the same table. */
+#define MR_TABLE_SLOTS 4096
+#define MR_TABLE_MAGIC 0x4d525441424c4531ull
+enum { MR_FREE = 0, MR_VALID = 1, MR_DYING = 2 };
+typedef struct mr_entry {
+    _Atomic uint32_t state;
+    _Atomic uint32_t gen;
+    _Atomic int32_t inflight;   /* accesses copying right now */
+    uint32_t rkey;
+    uint32_t access;
+    uint32_t pad;
+    uint64_t addr, len;
+    uint64_t pad2[3];
+} mr_entry_t;
+
+typedef struct mr_shared {
+    uint64_t magic;
+    /* threads of this context polling its shm rings right now; a peer
+     * that writes to a ring rings the doorbell only when this is 0 */
+    _Atomic int32_t polling;
+    uint32_t pad[13];
+    mr_entry_t slots[MR_TABLE_SLOTS];
+} mr_shared_t;
+
+/* Checks an access and pins the entry (inflight++).  On success *addr is
+ * where the bytes live in the owner's address space. */
+slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey,
+                                uint64_t off, uint64_t len, unsigned access,
+                                uint64_t *addr, char *why, size_t whylen);
+void mr_table_release(mr_shared_t *t, uint64_t handle);
+slime_status_t mr_table_create(int *fd, mr_shared_t **out);
+slime_status_t desc_check(const slime_ep_t *ep, const slime_mr_desc_t *d,
+                          uint64_t off, uint64_t len, unsigned access,
+                          wire_desc_t *out);
+
+/* ---- the stream protocol (stream.c, proto.c) ---- */
+typedef struct txn {
+    slime_list_t link;
+    frame_t hdr;
+    const void *payload;
+    size_t sent;                /* bytes of header + payload sent */
+    slime_req_t *req;           /* completed when fully sent, if set */
+    uint64_t release_handle;    /* MR entry to unpin when sent (+1), or 0 */
+    char text[];                /* small owned payload (error texts) */
+} txn_t;
+
+enum rx_state { RX_HDR, RX_PAYLOAD };
+enum rx_sink { SINK_DISCARD, SINK_RECV, SINK_UNEXP, SINK_WRITE, SINK_READ, SINK_TEXT };
+
+typedef struct rx_ctx {
+    enum rx_state state;
+    frame_t hdr;
+    size_t hdr_got;
+    enum rx_sink sink;
+    uint8_t *dst;
+    size_t left, got;
+    slime_req_t *req;           /* RECV / READ sinks */
+    struct umsg *umsg;          /* UNEXP sink */
+    uint64_t pinned;            /* WRITE sink: MR handle + 1 */
+    slime_status_t status;      /* WRITE/READ/TEXT outcome */
+    char text[WIRE_ERRTEXT_MAX];
+    bool paused;                /* waiting for unexpected-buffer room */
+} rx_ctx_t;
+
+/* A message that arrived before its receive was posted. */
+typedef struct umsg {
+    slime_list_t link;
+    slime_ep_t *ep;
+    uint64_t tag;
+    size_t len;
+    void *data;                 /* eager payload; NULL for an RTS */
+    bool rts;
+    uint64_t sreq;              /* RTS: the sender's request id */
+} umsg_t;
+
+/* ---- endpoints (ep.c) ---- */
+enum ep_state { EP_CONNECTING, EP_UP, EP_DOWN };
+
+struct slime_ep {
+    slime_ctx_t *ctx;
+    slime_list_t link;          /* ctx->eps */
+    slime_list_t acceptq;       /* ctx->accepted */
+    enum ep_state state;
+    slime_status_t down_status;
+    char down_reason[160];
+    uint64_t peer_id;
+    uint32_t peer_pid;
+    bool dialing;               /* a thread of ours is dialing this peer */
+    const struct transport_ops *tp;
+    void *conn;                 /* the transport's connection state */
+    int fd;                     /* registered with ctx->epfd, or -1 */
+    struct pollable *pollable;
+    slime_list_t txq;           /* txn_t, in order */
+    bool want_out;              /* EPOLLOUT armed */
+    rx_ctx_t rx;
+    slime_list_t pending;       /* reqs that fail when the ep goes down */
+    slime_list_t rmaq;          /* RMA reqs done by the transport itself */
+    uint32_t *imms;             /* immediates nobody asked for yet */
+    size_t imm_head, imm_count, imm_cap;
+    slime_list_t imm_waiters;
+};
+
+slime_ep_t *ep_find(slime_ctx_t *ctx, uint64_t peer_id);
+slime_ep_t *ep_new(slime_ctx_t *ctx, uint64_t peer_id);
+/* Gives ep its connection and wakes whoever waits for it. */
+void ep_attach(slime_ep_t *ep, const struct transport_ops *tp, void *conn,
+               int fd, uint32_t peer_pid);
+/* Takes ep down with st: fails every pending request, closes the conn. */
+void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void ep_free(slime_ep_t *ep);
+
+/* stream.c */
+void stream_queue(slime_ep_t *ep, txn_t *t);
+txn_t *txn_new(uint8_t type, size_t textlen);
+int stream_flush(slime_ep_t *ep);   /* >0 if it moved bytes */
+int stream_rx(slime_ep_t *ep);      /* >0 if it moved bytes */
+/* proto.c */
+void proto_on_header(slime_ep_t *ep);
+void proto_on_payload(slime_ep_t *ep);
+void proto_deliver_imm(slime_ep_t *ep, uint32_t imm);
+void proto_send_cts(slime_ep_t *ep, uint64_t sreq, slime_req_t *recv,
+                    slime_status_t st);
+bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req);
+void proto_post_rma(slime_ep_t *ep, slime_req_t *req);
+int proto_rma_progress(slime_ep_t *ep);
+void umsg_free(slime_ctx_t *ctx, umsg_t *m);
+
+/* ---- the context (ctx.c, progress.c) ---- */
+enum pollable_kind { POLL_WAKE, POLL_TCP_LISTEN, POLL_SHM_LISTEN, POLL_PENDING, POLL_EP };
+typedef struct pollable {
+    enum pollable_kind kind;
+    void *obj;
+} pollable_t;
+
+typedef struct pending_conn {
+    slime_list_t link;
+    pollable_t pollable;
+    int fd;
+    int transport;
+    uint64_t deadline_ns;
+    size_t got;
+    wire_hello_t hello;
+    int xfd[2];                 /* fds that came with a shm hello, or -1 */
+    uint32_t peer_pid;          /* from the kernel (SO_PEERCRED) where known */
+} pending_conn_t;
+
+struct slime_ctx {
+    pthread_mutex_t lock;
+    uint64_t id;
+    uint64_t proof, job;        /* from the token (token.c) */
+    int force;                  /* 0 auto, else WIRE_TRANSPORT_* */
+    wire_addr_t addr;
+    int epfd, wakefd;
+    int tcp_listen_fd, shm_listen_fd;
+    pollable_t p_wake, p_tcp, p_shm;
+    slime_list_t pending_conns;
+    slime_list_t eps;
+    slime_list_t accepted;      /* eps dialed by peers, not yet accepted */
+    size_t n_fd_eps, n_shm_eps;
+    unsigned poll_tick;
+    bool poll_now;              /* look at the fds on the next pass */
+    /* tag matching */
+    slime_list_t posted;        /* slime_req_t via qlink */
+    slime_list_t unexpected;    /* umsg_t */
+    size_t unexp_bytes, unexp_cap;
+    /* wire ids of requests */
+    slime_req_t **ids;
+    uint32_t *id_gen;
+    uint32_t ids_cap, *id_free, n_free;
+    /* memory */
+    int mr_fd;
+    mr_shared_t *mr_table;
+    slime_list_t mrs;
+    /* progress thread and waiters */
+    pthread_t thread;
+    _Atomic bool stop;
+    _Atomic int spinners;
+    pthread_mutex_t sleep_mtx;
+    pthread_cond_t sleep_cond;  /* requests completed, endpoints changed */
+    _Atomic int sleepers;
+    size_t eager_tcp, eager_shm;
+};
+
+/* progress.c */
+int progress_locked(slime_ctx_t *ctx);
+/* Spins/sleeps until done() or the deadline; returns false on timeout. */
+bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg,
+                    uint64_t deadline_ns);
+void ctx_wake_sleepers(slime_ctx_t *ctx);
+void ctx_kick(slime_ctx_t *ctx);
+void *progress_thread_main(void *arg);
+void polling_enter(slime_ctx_t *ctx);
+void polling_leave(slime_ctx_t *ctx);
+void epoll_update(slime_ctx_t *ctx, slime_ep_t *ep);
+
+/* token.c */
+uint64_t token_digest(const char *domain, const void *tok, size_t len);
+uint64_t random_u64(void);
+
+/* address.c */
+slime_status_t address_init(slime_ctx_t *ctx, const char *host, int have_shm);
+slime_status_t address_parse(const void *buf, size_t len, wire_addr_t *out);
+bool address_same_host(const wire_addr_t *a, const wire_addr_t *b);
+
+/* handshake.c */
+void hello_fill(const slime_ctx_t *ctx, int transport, wire_hello_t *h);
+slime_status_t welcome_check(const slime_ctx_t *ctx, const wire_welcome_t *w);
+/* Decides what an acceptor does with a complete hello (under ctx->lock):
+ * returns the ep to attach the connection to, or NULL with w filled. */
+slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h,
+                         wire_welcome_t *w);
+void pending_conn_add(slime_ctx_t *ctx, int fd, int transport);
+void pending_conn_progress(slime_ctx_t *ctx, pending_conn_t *pc);
+int pending_conn_expire(slime_ctx_t *ctx);
+void pending_conn_close(slime_ctx_t *ctx, pending_conn_t *pc);
+
+#endif

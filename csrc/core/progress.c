@@ -1,0 +1,164 @@
+/* The progress engine.  Whoever holds ctx->lock may progress: the
+ * progress thread, or a thread spinning in a wait (so short operations
+ * finish with no hand-off between threads).  Idle, everyone sleeps:
+ * waiters on a condition variable, the progress thread in epoll, woken by
+ * sockets, by the eventfd, or by a peer's doorbell on a shm connection,
+ * which the peer rings only when no thread of ours is polling (the
+ * `polling` count in our shared table). */
+#include <errno.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "transport/transport.h"
+
+#define PT_SPIN_NS 20000ull      /* progress thread: spin this long idle */
+#define WAIT_SPIN_NS 200000ull   /* a waiter: spin this long without news */
+
+static void handle_event(slime_ctx_t *ctx, pollable_t *p, uint32_t events) {
+    switch (p->kind) {
+    case POLL_WAKE: {
+        uint64_t v;
+        while (read(ctx->wakefd, &v, sizeof v) > 0) {
+        }
+        return;
+    }
+    case POLL_TCP_LISTEN: listener_accept(ctx, ctx->tcp_listen_fd, WIRE_TRANSPORT_TCP); return;
+    case POLL_SHM_LISTEN: listener_accept(ctx, ctx->shm_listen_fd, WIRE_TRANSPORT_SHM); return;
+    case POLL_PENDING: pending_conn_progress(ctx, p->obj); return;
+    case POLL_EP: {
+        slime_ep_t *ep = p->obj;
+        if (ep->state != EP_UP) return;
+        if (events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) stream_rx(ep);
+        if (ep->state == EP_UP && (events & EPOLLOUT)) stream_flush(ep);
+        if (ep->state == EP_UP) ep->tp->fd_event(ep, events);
+        return;
+    }
+    }
+}
+
+int progress_locked(slime_ctx_t *ctx) {
+    int did = 0;
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, &ctx->eps) {
+        slime_ep_t *ep = container_of(pos, slime_ep_t, link);
+        if (ep->state != EP_UP) continue;
+        if (ep->rx.paused || ep->tp->rx_ready(ep)) did |= stream_rx(ep);
+        if (ep->state == EP_UP && !list_empty(&ep->txq) && ep->tp->wire == WIRE_TRANSPORT_SHM)
+            did |= stream_flush(ep);
+        if (ep->state == EP_UP && !list_empty(&ep->rmaq)) did |= proto_rma_progress(ep);
+    }
+    bool fds = ctx->n_fd_eps || ctx->poll_now || !list_empty(&ctx->pending_conns);
+    if (fds || (++ctx->poll_tick & 63) == 0) {
+        ctx->poll_now = false;
+        struct epoll_event evs[32];
+        int n = epoll_wait(ctx->epfd, evs, 32, 0);
+        for (int i = 0; i < n; i++) handle_event(ctx, evs[i].data.ptr, evs[i].events);
+        if (n > 0) did = 1;
+        if (!list_empty(&ctx->pending_conns)) pending_conn_expire(ctx);
+    }
+    return did;
+}
+
+/* Under ctx->lock: is there work no peer would wake us for? */
+static bool busy_locked(slime_ctx_t *ctx) {
+    slime_list_t *pos;
+    for (pos = ctx->eps.next; pos != &ctx->eps; pos = pos->next) {
+        slime_ep_t *ep = container_of(pos, slime_ep_t, link);
+        if (ep->state != EP_UP) continue;
+        if (!list_empty(&ep->rmaq) || ep->tp->rx_ready(ep)) return true;
+        if (ep->tp->wire == WIRE_TRANSPORT_SHM && shm_has_work(ep)) return true;
+    }
+    return false;
+}
+
+void polling_enter(slime_ctx_t *ctx) { atomic_fetch_add(&ctx->mr_table->polling, 1); }
+
+void polling_leave(slime_ctx_t *ctx) {
+    if (atomic_fetch_sub(&ctx->mr_table->polling, 1) != 1) return;
+    /* the last poller leaves: what slipped in meanwhile got no doorbell */
+    pthread_mutex_lock(&ctx->lock);
+    bool busy = busy_locked(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+    if (busy) ctx_kick(ctx);
+}
+
+void ctx_kick(slime_ctx_t *ctx) {
+    uint64_t one = 1;
+    ssize_t r = write(ctx->wakefd, &one, sizeof one);
+    (void)r; /* a full counter wakes the thread just the same */
+}
+
+void ctx_wake_sleepers(slime_ctx_t *ctx) {
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load(&ctx->sleepers) == 0) return;
+    pthread_mutex_lock(&ctx->sleep_mtx);
+    pthread_cond_broadcast(&ctx->sleep_cond);
+    pthread_mutex_unlock(&ctx->sleep_mtx);
+}
+
+bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
+    if (done(arg)) return true;
+    polling_enter(ctx);
+    atomic_fetch_add(&ctx->spinners, 1);
+    uint64_t last = now_ns();
+    bool ok = false, timed_out = false;
+    for (;;) {
+        if (done(arg)) { ok = true; break; }
+        if (pthread_mutex_trylock(&ctx->lock) == 0) {
+            int did = progress_locked(ctx);
+            pthread_mutex_unlock(&ctx->lock);
+            if (did) last = now_ns();
+        }
+        uint64_t t = now_ns();
+        if (t >= deadline) { timed_out = true; break; }
+        if (t - last > WAIT_SPIN_NS) break;
+        for (int i = 0; i < 8; i++) cpu_relax();
+    }
+    atomic_fetch_sub(&ctx->spinners, 1);
+    polling_leave(ctx);
+    if (ok || timed_out) return ok || done(arg);
+    /* nothing happened for a while: sleep; the progress thread takes over */
+    pthread_mutex_lock(&ctx->sleep_mtx);
+    atomic_fetch_add(&ctx->sleepers, 1);
+    while (!(ok = done(arg))) {
+        uint64_t t = now_ns();
+        if (t >= deadline) break;
+        uint64_t until = t + 50000000ull < deadline ? t + 50000000ull : deadline;
+        struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull), .tv_nsec = (long)(until % 1000000000ull)};
+        pthread_cond_timedwait(&ctx->sleep_cond, &ctx->sleep_mtx, &ts);
+    }
+    atomic_fetch_sub(&ctx->sleepers, 1);
+    pthread_mutex_unlock(&ctx->sleep_mtx);
+    return ok;
+}
+
+void *progress_thread_main(void *arg) {
+    slime_ctx_t *ctx = arg;
+    polling_enter(ctx);
+    uint64_t idle_since = now_ns();
+    while (!atomic_load(&ctx->stop)) {
+        pthread_mutex_lock(&ctx->lock);
+        int did = progress_locked(ctx);
+        pthread_mutex_unlock(&ctx->lock);
+        if (did) { idle_since = now_ns(); continue; }
+        if (atomic_load(&ctx->spinners) == 0 && now_ns() - idle_since < PT_SPIN_NS) { cpu_relax(); continue; }
+        atomic_fetch_sub(&ctx->mr_table->polling, 1);
+        pthread_mutex_lock(&ctx->lock);
+        bool busy = busy_locked(ctx);
+        int timeout = list_empty(&ctx->pending_conns) ? 1000 : 100;
+        pthread_mutex_unlock(&ctx->lock);
+        if (!busy) {
+            struct epoll_event ev;
+            epoll_wait(ctx->epfd, &ev, 1, timeout);
+            pthread_mutex_lock(&ctx->lock);
+            ctx->poll_now = true;
+            pthread_mutex_unlock(&ctx->lock);
+        }
+        atomic_fetch_add(&ctx->mr_table->polling, 1);
+        idle_since = now_ns();
+    }
+    atomic_fetch_sub(&ctx->mr_table->polling, 1);
+    return NULL;
+}

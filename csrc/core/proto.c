@@ -1,0 +1,392 @@
+/* The protocol spoken over a stream: tag matching (eager for small
+ * messages, rendezvous for large ones so unexpected data never piles up),
+ * and one-sided ops served by the target's progress engine after checking
+ * its MR table.  Transports that can copy one-sided data themselves (shm
+ * by CMA) take RMA requests through proto_rma_progress instead. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "transport/transport.h"
+
+#define RMA_CHUNK (4u << 20)
+
+void umsg_free(slime_ctx_t *ctx, umsg_t *m) {
+    list_del(&m->link);
+    if (!m->rts) ctx->unexp_bytes -= m->len;
+    free(m->data);
+    free(m);
+}
+
+static slime_req_t *match_posted(slime_ctx_t *ctx, slime_ep_t *ep, uint64_t tag) {
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, &ctx->posted) {
+        slime_req_t *r = container_of(pos, slime_req_t, qlink);
+        if (r->tag == tag && (r->ep == NULL || r->ep == ep)) {
+            list_del(&r->qlink);
+            r->ep = ep;
+            if (!list_linked(&r->eplink)) list_push_back(&ep->pending, &r->eplink);
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static void send_frame(slime_ep_t *ep, txn_t *t) {
+    stream_queue(ep, t);
+    stream_flush(ep);
+}
+
+static void send_status(slime_ep_t *ep, uint8_t type, uint64_t ireq, slime_status_t st, const char *text) {
+    size_t tl = st == SLIME_OK ? 0 : strnlen(text, WIRE_ERRTEXT_MAX - 1);
+    txn_t *t = txn_new(type, tl + 1);
+    if (!t) { ep_fail(ep, SLIME_ERR_NOMEM, "out of memory for a reply frame"); return; }
+    t->hdr.a = ireq;
+    t->hdr.u32 = (uint32_t)(int32_t)st;
+    memcpy(t->text, text ? text : "", tl);
+    t->payload = t->text;
+    t->hdr.len = tl;
+    send_frame(ep, t);
+}
+
+void proto_send_cts(slime_ep_t *ep, uint64_t sreq, slime_req_t *recv, slime_status_t st) {
+    txn_t *t = txn_new(F_CTS, 0);
+    if (!t) { ep_fail(ep, SLIME_ERR_NOMEM, "out of memory for a CTS frame"); return; }
+    t->hdr.a = sreq;
+    t->hdr.b = recv ? recv->id : 0;
+    t->hdr.u32 = (uint32_t)(int32_t)st;
+    send_frame(ep, t);
+}
+
+static void trunc_fail(slime_req_t *r, uint64_t len) {
+    req_complete(r, SLIME_ERR_TRUNCATED, "message of %" PRIu64 " bytes is larger than the receive buffer of %zu bytes",
+                 len, r->len);
+}
+
+/* A receive met a rendezvous announcement: ask for the data. */
+static void rts_matched(slime_ep_t *ep, slime_req_t *r, uint64_t sreq, uint64_t len) {
+    if (len > r->len) {
+        proto_send_cts(ep, sreq, NULL, SLIME_ERR_TRUNCATED);
+        trunc_fail(r, len);
+        return;
+    }
+    if (!req_id_assign(ep->ctx, r)) { req_complete(r, SLIME_ERR_NOMEM, "out of request ids"); return; }
+    r->bytes = len;
+    if (!list_linked(&r->eplink)) list_push_back(&ep->pending, &r->eplink);
+    proto_send_cts(ep, sreq, r, SLIME_OK);
+}
+
+bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req) {
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, &ctx->unexpected) {
+        umsg_t *m = container_of(pos, umsg_t, link);
+        if (m->tag != req->tag || (req->ep && m->ep != req->ep)) continue;
+        req->ep = m->ep;
+        if (m->rts) {
+            slime_ep_t *ep = m->ep;
+            uint64_t sreq = m->sreq, len = m->len;
+            umsg_free(ctx, m);
+            rts_matched(ep, req, sreq, len);
+        } else if (m->len > req->len) {
+            trunc_fail(req, m->len);
+            umsg_free(ctx, m);
+        } else {
+            if (m->len) memcpy(req->buf, m->data, m->len);
+            req->bytes = m->len;
+            umsg_free(ctx, m);
+            req_complete(req, SLIME_OK, NULL);
+        }
+        return true;
+    }
+    return false;
+}
+
+void proto_deliver_imm(slime_ep_t *ep, uint32_t imm) {
+    slime_req_t *w = list_first(&ep->imm_waiters, slime_req_t, qlink);
+    if (w) {
+        w->imm = imm;
+        req_complete(w, SLIME_OK, NULL);
+        return;
+    }
+    if (ep->imm_count == ep->imm_cap) {
+        size_t cap = ep->imm_cap ? ep->imm_cap * 2 : 64;
+        uint32_t *n = malloc(cap * sizeof *n);
+        if (!n) { ep_fail(ep, SLIME_ERR_NOMEM, "out of memory queueing immediates"); return; }
+        for (size_t i = 0; i < ep->imm_count; i++) n[i] = ep->imms[(ep->imm_head + i) % ep->imm_cap];
+        free(ep->imms);
+        ep->imms = n;
+        ep->imm_cap = cap;
+        ep->imm_head = 0;
+    }
+    ep->imms[(ep->imm_head + ep->imm_count++) % ep->imm_cap] = imm;
+}
+
+static slime_req_t *lookup(slime_ep_t *ep, uint64_t id, enum req_kind kind, const char *what) {
+    slime_req_t *r = req_id_lookup(ep->ctx, id);
+    if (!r || r->ep != ep || r->kind != kind) {
+        ep_fail(ep, SLIME_ERR_PROTOCOL, "peer answered a %s we do not have (id %" PRIx64 ")", what, id);
+        return NULL;
+    }
+    return r;
+}
+
+static bool wire_status_ok(uint32_t v) {
+    int32_t s = (int32_t)v;
+    return s <= 0 && s >= SLIME_ERR_BUSY;
+}
+
+void proto_on_header(slime_ep_t *ep) {
+    slime_ctx_t *ctx = ep->ctx;
+    rx_ctx_t *rx = &ep->rx;
+    frame_t *h = &rx->hdr;
+    slime_req_t *r;
+    uint64_t addr;
+    slime_status_t st;
+    bool was_paused = rx->paused;
+    rx->paused = false;
+    rx->sink = SINK_DISCARD;
+    switch (h->type) {
+    case F_EAGER:
+        if ((r = match_posted(ctx, ep, h->a))) {
+            rx->req = r;
+            if (h->len > r->len) { rx->status = SLIME_ERR_TRUNCATED; return; }
+            rx->sink = SINK_RECV;
+            rx->dst = r->buf;
+            return;
+        }
+        if (ctx->unexp_bytes && ctx->unexp_bytes + h->len > ctx->unexp_cap) { rx->paused = true; return; }
+        umsg_t *m = calloc(1, sizeof *m);
+        void *data = h->len ? malloc(h->len) : NULL;
+        if (!m || (h->len && !data)) {
+            free(m);
+            free(data);
+            rx->paused = true; /* try again when memory frees up */
+            return;
+        }
+        m->ep = ep;
+        m->tag = h->a;
+        m->len = h->len;
+        m->data = data;
+        list_init(&m->link);
+        ctx->unexp_bytes += h->len;
+        rx->sink = SINK_UNEXP;
+        rx->umsg = m;
+        rx->dst = data;
+        return;
+    case F_RTS:
+        if (h->len) break;
+        if ((r = match_posted(ctx, ep, h->a))) { rts_matched(ep, r, h->b, h->c); return; }
+        umsg_t *u = calloc(1, sizeof *u);
+        if (!u) { rx->paused = true; return; }
+        u->ep = ep;
+        u->tag = h->a;
+        u->len = h->c;
+        u->rts = true;
+        u->sreq = h->b;
+        list_push_back(&ctx->unexpected, &u->link);
+        return;
+    case F_CTS:
+        if (h->len || !wire_status_ok(h->u32)) break;
+        if (!(r = lookup(ep, h->a, REQ_SEND, "rendezvous send"))) return;
+        req_id_release(ctx, r);
+        if ((int32_t)h->u32 != SLIME_OK) {
+            req_complete(r, (slime_status_t)(int32_t)h->u32,
+                         "receiver's buffer is smaller than the message of %zu bytes", r->len);
+            return;
+        }
+        txn_t *t = txn_new(F_DATA, 0);
+        if (!t) { ep_fail(ep, SLIME_ERR_NOMEM, "out of memory for a data frame"); return; }
+        t->hdr.a = h->b;
+        t->hdr.len = r->len;
+        t->payload = r->buf;
+        t->req = r;
+        send_frame(ep, t);
+        return;
+    case F_DATA:
+        if (!(r = lookup(ep, h->a, REQ_RECV, "rendezvous receive"))) return;
+        if (h->len != r->bytes) break;
+        req_id_release(ctx, r);
+        rx->req = r;
+        rx->sink = SINK_RECV;
+        rx->dst = r->buf;
+        return;
+    case F_WRITE: {
+        char why[160];
+        st = mr_table_acquire(ctx->mr_table, h->a, h->rkey, h->b, h->len, SLIME_ACCESS_REMOTE_WRITE, &addr, why,
+                              sizeof why);
+        if (st != SLIME_OK) {
+            rx->status = st;
+            snprintf(rx->text, sizeof rx->text, "remote region: %s", why);
+            return;
+        }
+        rx->sink = SINK_WRITE;
+        rx->dst = (uint8_t *)(uintptr_t)addr;
+        rx->pinned = h->a + 1;
+        return;
+    }
+    case F_WRITE_ACK:
+    case F_READ_RESP:
+        if (!wire_status_ok(h->u32)) break;
+        if (!(r = lookup(ep, h->a, h->type == F_WRITE_ACK ? REQ_WRITE : REQ_READ, "one-sided op"))) return;
+        rx->req = r;
+        rx->status = (slime_status_t)(int32_t)h->u32;
+        if (h->type == F_READ_RESP && rx->status == SLIME_OK) {
+            if (h->len != r->len) break;
+            rx->sink = SINK_READ;
+            rx->dst = r->buf;
+            return;
+        }
+        if (h->len >= WIRE_ERRTEXT_MAX) break;
+        rx->sink = SINK_TEXT;
+        rx->dst = (uint8_t *)rx->text;
+        return;
+    case F_READ_REQ: {
+        if (h->len) break;
+        char why[160];
+        st = mr_table_acquire(ctx->mr_table, h->a, h->rkey, h->b, h->d, SLIME_ACCESS_REMOTE_READ, &addr, why,
+                              sizeof why);
+        if (st != SLIME_OK) {
+            char text[200];
+            snprintf(text, sizeof text, "remote region: %s", why);
+            send_status(ep, F_READ_RESP, h->c, st, text);
+            return;
+        }
+        txn_t *t = txn_new(F_READ_RESP, 0);
+        if (!t) { mr_table_release(ctx->mr_table, h->a); ep_fail(ep, SLIME_ERR_NOMEM, "out of memory"); return; }
+        t->hdr.a = h->c;
+        t->hdr.len = h->d;
+        t->payload = (void *)(uintptr_t)addr;
+        t->release_handle = h->a + 1; /* pinned until the bytes are out */
+        send_frame(ep, t);
+        return;
+    }
+    case F_IMM:
+        if (h->len) break;
+        proto_deliver_imm(ep, h->u32);
+        return;
+    }
+    (void)was_paused;
+    ep_fail(ep, SLIME_ERR_PROTOCOL, "peer sent a malformed frame (type %u, %" PRIu64 " bytes)", h->type, h->len);
+}
+
+void proto_on_payload(slime_ep_t *ep) {
+    slime_ctx_t *ctx = ep->ctx;
+    rx_ctx_t *rx = &ep->rx;
+    frame_t *h = &rx->hdr;
+    slime_req_t *r = rx->req;
+    switch (rx->sink) {
+    case SINK_RECV:
+        r->bytes = h->len;
+        req_complete(r, SLIME_OK, NULL);
+        return;
+    case SINK_UNEXP: {
+        umsg_t *m = rx->umsg;
+        rx->umsg = NULL;
+        /* a receive may have been posted while the payload streamed in */
+        if ((r = match_posted(ctx, ep, m->tag))) {
+            if (m->len > r->len) trunc_fail(r, m->len);
+            else {
+                if (m->len) memcpy(r->buf, m->data, m->len);
+                r->bytes = m->len;
+                req_complete(r, SLIME_OK, NULL);
+            }
+            umsg_free(ctx, m);
+        } else {
+            list_push_back(&ctx->unexpected, &m->link);
+        }
+        return;
+    }
+    case SINK_WRITE:
+        mr_table_release(ctx->mr_table, rx->pinned - 1);
+        rx->pinned = 0;
+        if (h->flags & FF_IMM) proto_deliver_imm(ep, h->u32);
+        send_status(ep, F_WRITE_ACK, h->c, SLIME_OK, NULL);
+        return;
+    case SINK_READ:
+        req_complete(r, SLIME_OK, NULL);
+        return;
+    case SINK_TEXT:
+        rx->text[h->len] = 0;
+        if (rx->status == SLIME_OK) req_complete(r, SLIME_OK, NULL);
+        else req_complete(r, rx->status, "%s", rx->text);
+        return;
+    case SINK_DISCARD:
+        if (h->type == F_EAGER && r) trunc_fail(r, h->len);
+        else if (h->type == F_WRITE) send_status(ep, F_WRITE_ACK, h->c, rx->status, rx->text);
+        return;
+    }
+}
+
+/* One-sided requests: by the transport's own copy where it has one,
+ * else as frames the target serves. */
+static void post_frames(slime_ep_t *ep, slime_req_t *req) {
+    txn_t *t = txn_new(req->is_write ? F_WRITE : F_READ_REQ, 0);
+    if (!t || !req_id_assign(ep->ctx, req)) {
+        free(t);
+        req_complete(req, SLIME_ERR_NOMEM, "out of memory posting a one-sided op");
+        return;
+    }
+    t->hdr.a = req->r_handle;
+    t->hdr.b = req->r_off;
+    t->hdr.c = req->id;
+    t->hdr.rkey = req->r_rkey;
+    if (req->is_write) {
+        t->hdr.len = req->len;
+        t->payload = req->buf;
+        if (req->has_imm) { t->hdr.flags |= FF_IMM; t->hdr.u32 = req->imm; }
+    } else {
+        t->hdr.d = req->len;
+    }
+    stream_queue(ep, t);
+}
+
+void proto_post_rma(slime_ep_t *ep, slime_req_t *req) {
+    list_push_back(&ep->pending, &req->eplink);
+    if (ep->tp->rma) {
+        bool idle = list_empty(&ep->rmaq);
+        list_push_back(&ep->rmaq, &req->qlink);
+        /* a small op on an idle queue is done right away: no hand-off */
+        if (idle && req->len <= 65536) proto_rma_progress(ep);
+        return;
+    }
+    post_frames(ep, req);
+    stream_flush(ep);
+}
+
+int proto_rma_progress(slime_ep_t *ep) {
+    int did = 0;
+    size_t budget = RMA_CHUNK;
+    while (ep->state == EP_UP && budget) {
+        slime_req_t *r = list_first(&ep->rmaq, slime_req_t, qlink);
+        if (!r) break;
+        size_t before = r->done;
+        slime_status_t st = ep->tp->rma(ep, r, budget);
+        did = 1;
+        budget -= min_sz(budget, r->done - before);
+        if (st == SLIME_INPROGRESS) break;
+        if (st == SLIME_ERR_UNSUPPORTED) {
+            /* the kernel refuses CMA here: everything queued goes by frames */
+            while ((r = list_first(&ep->rmaq, slime_req_t, qlink))) {
+                list_del(&r->qlink);
+                r->done = 0;
+                post_frames(ep, r);
+            }
+            stream_flush(ep);
+            break;
+        }
+        if (st != SLIME_OK) continue; /* rma completed it with the error */
+        list_del(&r->qlink);
+        if (r->has_imm) {
+            txn_t *t = txn_new(F_IMM, 0);
+            if (!t) { req_complete(r, SLIME_ERR_NOMEM, "out of memory for an immediate"); continue; }
+            t->hdr.u32 = r->imm;
+            t->req = r; /* done when the immediate is on its way */
+            send_frame(ep, t);
+        } else {
+            req_complete(r, SLIME_OK, NULL);
+        }
+    }
+    return did;
+}

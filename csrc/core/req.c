@@ -1,0 +1,194 @@
+/* Requests: completion, waiting, cancellation, and the wire ids by which
+ * a peer refers to one of our requests (slot + generation, so a late or
+ * forged id never reaches a freed request). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep) {
+    slime_req_t *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->ctx = ctx;
+    r->kind = kind;
+    r->ep = ep;
+    atomic_init(&r->state, SLIME_INPROGRESS);
+    list_init(&r->qlink);
+    list_init(&r->eplink);
+    return r;
+}
+
+static void req_destroy(slime_req_t *r) {
+    free(r->error);
+    free(r);
+}
+
+uint64_t req_id_assign(slime_ctx_t *ctx, slime_req_t *req) {
+    if (ctx->n_free == 0) {
+        uint32_t cap = ctx->ids_cap ? ctx->ids_cap * 2 : 256;
+        slime_req_t **ids = realloc(ctx->ids, cap * sizeof *ids);
+        if (ids) ctx->ids = ids;
+        uint32_t *gen = ids ? realloc(ctx->id_gen, cap * sizeof *gen) : NULL;
+        if (gen) ctx->id_gen = gen;
+        uint32_t *fr = gen ? realloc(ctx->id_free, cap * sizeof *fr) : NULL;
+        if (!fr) return 0;
+        ctx->id_free = fr;
+        for (uint32_t i = ctx->ids_cap; i < cap; i++) {
+            ctx->ids[i] = NULL;
+            ctx->id_gen[i] = 1;
+            ctx->id_free[ctx->n_free++] = cap - 1 - (i - ctx->ids_cap);
+        }
+        ctx->ids_cap = cap;
+    }
+    uint32_t slot = ctx->id_free[--ctx->n_free];
+    ctx->ids[slot] = req;
+    req->id = (uint64_t)ctx->id_gen[slot] << 32 | slot;
+    return req->id;
+}
+
+slime_req_t *req_id_lookup(slime_ctx_t *ctx, uint64_t id) {
+    uint32_t slot = (uint32_t)id, gen = (uint32_t)(id >> 32);
+    if (slot >= ctx->ids_cap || ctx->id_gen[slot] != gen) return NULL;
+    return ctx->ids[slot];
+}
+
+void req_id_release(slime_ctx_t *ctx, slime_req_t *req) {
+    if (!req->id) return;
+    uint32_t slot = (uint32_t)req->id;
+    ctx->ids[slot] = NULL;
+    ctx->id_gen[slot]++;
+    if (ctx->id_gen[slot] == 0) ctx->id_gen[slot] = 1;
+    ctx->id_free[ctx->n_free++] = slot;
+    req->id = 0;
+}
+
+void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
+    if (req_done(req)) return;
+    slime_ctx_t *ctx = req->ctx;
+    if (st != SLIME_OK && fmt && !req->error) {
+        va_list ap;
+        va_start(ap, fmt);
+        if (vasprintf(&req->error, fmt, ap) < 0) req->error = NULL;
+        va_end(ap);
+    }
+    list_del(&req->qlink);
+    list_del(&req->eplink);
+    req_id_release(ctx, req);
+    if (req->local_mr) {
+        atomic_fetch_sub(&req->local_mr->local_users, 1);
+        req->local_mr = NULL;
+    }
+    slime_req_t *parent = req->parent;
+    if (parent) {
+        if (st != SLIME_OK && parent->first_err == SLIME_OK) {
+            parent->first_err = st;
+            parent->error = strdup(req->error ? req->error : slime_strerror(st));
+        }
+    }
+    bool detached = req->detached;
+    atomic_store(&req->state, st);
+    if (detached) req_destroy(req);
+    if (parent && --parent->children_left == 0) req_complete(parent, parent->first_err, NULL);
+    ctx_wake_sleepers(ctx);
+}
+
+static bool pred_done(void *arg) { return req_done(arg); }
+
+static slime_status_t final_status(slime_req_t *req) {
+    slime_status_t st = atomic_load_explicit(&req->state, memory_order_acquire);
+    if (st != SLIME_OK) slime_errorf(st, "%s", req->error ? req->error : slime_strerror(st));
+    return st;
+}
+
+slime_status_t slime_req_test(slime_req_t *req) {
+    if (!req) return slime_errorf(SLIME_ERR_INVAL, "req_test: NULL request");
+    if (req_done(req)) return final_status(req);
+    slime_ctx_t *ctx = req->ctx;
+    if (pthread_mutex_trylock(&ctx->lock) == 0) {
+        progress_locked(ctx);
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    return req_done(req) ? final_status(req) : SLIME_INPROGRESS;
+}
+
+slime_status_t slime_req_wait(slime_req_t *req, int64_t timeout_ms) {
+    if (!req) return slime_errorf(SLIME_ERR_INVAL, "req_wait: NULL request");
+    if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "req_wait: negative timeout");
+    if (!req_done(req) &&
+        !ctx_wait_until(req->ctx, pred_done, req, now_ns() + (uint64_t)timeout_ms * 1000000ull))
+        return slime_errorf(SLIME_ERR_TIMEOUT, "request still pending after %lld ms", (long long)timeout_ms);
+    return final_status(req);
+}
+
+struct all_arg {
+    slime_req_t *const *reqs;
+    size_t n, next;
+};
+
+static bool pred_all(void *arg) {
+    struct all_arg *a = arg;
+    while (a->next < a->n && req_done(a->reqs[a->next])) a->next++;
+    return a->next == a->n;
+}
+
+slime_status_t slime_req_wait_all(slime_req_t *const *reqs, size_t n, int64_t timeout_ms) {
+    if (n && !reqs) return slime_errorf(SLIME_ERR_INVAL, "req_wait_all: NULL array");
+    if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "req_wait_all: negative timeout");
+    for (size_t i = 0; i < n; i++)
+        if (!reqs[i]) return slime_errorf(SLIME_ERR_INVAL, "req_wait_all: request %zu is NULL", i);
+    struct all_arg a = {reqs, n, 0};
+    if (n && !pred_all(&a) &&
+        !ctx_wait_until(reqs[0]->ctx, pred_all, &a, now_ns() + (uint64_t)timeout_ms * 1000000ull))
+        return slime_errorf(SLIME_ERR_TIMEOUT, "%zu of %zu requests still pending after %lld ms", n - a.next, n,
+                            (long long)timeout_ms);
+    for (size_t i = 0; i < n; i++)
+        if (atomic_load(&reqs[i]->state) != SLIME_OK) {
+            slime_status_t st = final_status(reqs[i]);
+            slime_errorf(st, "request %zu: %s", i, reqs[i]->error ? reqs[i]->error : slime_strerror(st));
+            return st;
+        }
+    return SLIME_OK;
+}
+
+/* Under ctx->lock: a receive still in the posted list, or an imm_recv
+ * still waiting, has not matched anything and can go. */
+static bool cancel_locked(slime_req_t *req) {
+    if ((req->kind == REQ_RECV || req->kind == REQ_IMM_RECV) && list_linked(&req->qlink)) {
+        req_complete(req, SLIME_ERR_CANCELED, "request canceled");
+        return true;
+    }
+    return false;
+}
+
+slime_status_t slime_req_cancel(slime_req_t *req) {
+    if (!req) return slime_errorf(SLIME_ERR_INVAL, "req_cancel: NULL request");
+    if (req_done(req)) return slime_errorf(SLIME_ERR_BUSY, "req_cancel: request already completed");
+    pthread_mutex_lock(&req->ctx->lock);
+    bool ok = cancel_locked(req);
+    pthread_mutex_unlock(&req->ctx->lock);
+    return ok ? SLIME_OK : slime_errorf(SLIME_ERR_BUSY, "req_cancel: request is already moving data; wait for it");
+}
+
+void slime_req_free(slime_req_t *req) {
+    if (!req) return;
+    if (!req_done(req)) {
+        slime_ctx_t *ctx = req->ctx;
+        pthread_mutex_lock(&ctx->lock);
+        if (!req_done(req) && !cancel_locked(req)) {
+            req->detached = true; /* the core frees it when it completes */
+            pthread_mutex_unlock(&ctx->lock);
+            return;
+        }
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    req_destroy(req);
+}
+
+const char *slime_req_error(const slime_req_t *req) {
+    if (!req || !req_done(req) || atomic_load(&req->state) == SLIME_OK) return "";
+    return req->error ? req->error : slime_strerror(atomic_load(&req->state));
+}
+size_t slime_req_bytes(const slime_req_t *req) { return req ? req->bytes : 0; }
+uint32_t slime_req_imm(const slime_req_t *req) { return req ? req->imm : 0; }
+slime_ep_t *slime_req_ep(const slime_req_t *req) { return req ? req->ep : NULL; }

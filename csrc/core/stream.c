@@ -1,0 +1,140 @@
+/* The byte-stream engine every frame-carrying transport shares: a queue
+ * of outgoing frames written with gather I/O, and an incoming state
+ * machine that reads a header, asks the protocol where the payload goes,
+ * and lands it there directly. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+
+#include "core/internal.h"
+#include "transport/transport.h"
+
+#define TX_IOV 64
+#define RX_BUDGET (8u << 20)
+
+txn_t *txn_new(uint8_t type, size_t textlen) {
+    txn_t *t = calloc(1, sizeof *t + textlen);
+    if (t) {
+        t->hdr.type = type;
+        list_init(&t->link);
+    }
+    return t;
+}
+
+void stream_queue(slime_ep_t *ep, txn_t *t) { list_push_back(&ep->txq, &t->link); }
+
+static void tx_done(slime_ep_t *ep, txn_t *t) {
+    list_del(&t->link);
+    if (t->release_handle) mr_table_release(ep->ctx->mr_table, t->release_handle - 1);
+    if (t->req) req_complete(t->req, SLIME_OK, NULL);
+    free(t);
+}
+
+static void arm_out(slime_ep_t *ep) {
+    if (ep->tp->wire != WIRE_TRANSPORT_TCP) return; /* rings ring doorbells instead */
+    bool want = !list_empty(&ep->txq);
+    if (want == ep->want_out) return;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0), .data.ptr = ep->pollable};
+    epoll_ctl(ep->ctx->epfd, EPOLL_CTL_MOD, ep->fd, &ev);
+    ep->want_out = want;
+}
+
+int stream_flush(slime_ep_t *ep) {
+    size_t moved = 0;
+    while (ep->state == EP_UP && !list_empty(&ep->txq)) {
+        struct iovec iov[TX_IOV];
+        int n = 0;
+        size_t want = 0;
+        slime_list_t *pos;
+        for (pos = ep->txq.next; pos != &ep->txq && n + 2 <= TX_IOV; pos = pos->next) {
+            txn_t *t = container_of(pos, txn_t, link);
+            size_t hs = sizeof t->hdr;
+            if (t->sent < hs) {
+                iov[n].iov_base = (uint8_t *)&t->hdr + t->sent;
+                iov[n].iov_len = hs - t->sent;
+                want += iov[n++].iov_len;
+            }
+            size_t poff = t->sent > hs ? t->sent - hs : 0;
+            if (t->hdr.len > poff) {
+                iov[n].iov_base = (uint8_t *)t->payload + poff;
+                iov[n].iov_len = t->hdr.len - poff;
+                want += iov[n++].iov_len;
+            }
+        }
+        ssize_t w = ep->tp->writev(ep, iov, n);
+        if (w < 0) return 1; /* the endpoint failed; its queue is gone */
+        if (w == 0) break;
+        moved += (size_t)w;
+        size_t left = (size_t)w;
+        while (left && !list_empty(&ep->txq)) {
+            txn_t *t = container_of(ep->txq.next, txn_t, link);
+            size_t total = sizeof t->hdr + t->hdr.len, k = min_sz(left, total - t->sent);
+            t->sent += k;
+            left -= k;
+            if (t->sent == total) tx_done(ep, t);
+        }
+        /* zero-length payload frames finish with their header */
+        while (!list_empty(&ep->txq)) {
+            txn_t *t = container_of(ep->txq.next, txn_t, link);
+            if (t->sent != sizeof t->hdr + t->hdr.len) break;
+            tx_done(ep, t);
+        }
+        if ((size_t)w < want) break;
+    }
+    if (ep->state == EP_UP) arm_out(ep);
+    return moved > 0;
+}
+
+static void rx_reset(rx_ctx_t *rx) {
+    rx->state = RX_HDR;
+    rx->hdr_got = 0;
+    rx->sink = SINK_DISCARD;
+    rx->dst = NULL;
+    rx->left = rx->got = 0;
+    rx->req = NULL;
+    rx->umsg = NULL;
+    rx->status = SLIME_OK;
+    rx->text[0] = 0;
+}
+
+int stream_rx(slime_ep_t *ep) {
+    rx_ctx_t *rx = &ep->rx;
+    size_t moved = 0;
+    uint8_t scratch[16384];
+    while (ep->state == EP_UP && moved < RX_BUDGET) {
+        if (rx->paused) {
+            proto_on_header(ep); /* retry: is there room now? */
+            if (rx->paused || ep->state != EP_UP) break;
+        } else if (rx->state == RX_HDR) {
+            ssize_t n = ep->tp->read(ep, (uint8_t *)&rx->hdr + rx->hdr_got, sizeof rx->hdr - rx->hdr_got);
+            if (n <= 0) break;
+            moved += (size_t)n;
+            rx->hdr_got += (size_t)n;
+            if (rx->hdr_got < sizeof rx->hdr) continue;
+            if (rx->hdr.type == 0 || rx->hdr.type >= F_TYPE_MAX) {
+                ep_fail(ep, SLIME_ERR_PROTOCOL, "peer sent an unknown frame type %u", rx->hdr.type);
+                break;
+            }
+            rx->state = RX_PAYLOAD;
+            rx->left = rx->hdr.len;
+            rx->got = 0;
+            proto_on_header(ep);
+            if (rx->paused || ep->state != EP_UP) break;
+        }
+        while (rx->left) {
+            uint8_t *dst = rx->sink == SINK_DISCARD ? scratch : rx->dst + rx->got;
+            size_t want = rx->sink == SINK_DISCARD ? min_sz(rx->left, sizeof scratch) : rx->left;
+            ssize_t n = ep->tp->read(ep, dst, want);
+            if (n < 0) return 1;
+            if (n == 0) return moved > 0;
+            moved += (size_t)n;
+            rx->got += (size_t)n;
+            rx->left -= (size_t)n;
+        }
+        proto_on_payload(ep);
+        if (ep->state != EP_UP) break;
+        rx_reset(rx);
+        moved++; /* a zero-length frame is progress too */
+    }
+    return moved > 0;
+}

@@ -1,0 +1,39 @@
+/* Digests of the job token and random ids.
+ *
+ * The handshake carries a digest of the token, never the token; the MR
+ * descriptor carries a different digest, so a leaked descriptor does not
+ * let a stranger pass the handshake.  This keeps strangers and crossed
+ * jobs out; it is not meant to stop an eavesdropper on the wire. */
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+
+static uint64_t mix(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+uint64_t token_digest(const char *domain, const void *tok, size_t len) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then a final mix */
+    for (const char *d = domain; *d; d++) h = (h ^ (uint8_t)*d) * 0x100000001b3ull;
+    h = (h ^ 0xff) * 0x100000001b3ull;
+    const uint8_t *p = tok;
+    for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return mix(h ^ len);
+}
+
+uint64_t random_u64(void) {
+    uint64_t v;
+    if (getrandom(&v, sizeof v, 0) == (ssize_t)sizeof v) return v;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return mix((uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_sec);
+}

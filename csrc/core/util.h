@@ -1,0 +1,55 @@
+/* Small helpers shared by the core: intrusive lists, clocks, spinning. */
+#ifndef SLIME_UTIL_H
+#define SLIME_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+typedef struct slime_list {
+    struct slime_list *prev, *next;
+} slime_list_t;
+
+static inline void list_init(slime_list_t *h) { h->prev = h->next = h; }
+static inline int list_empty(const slime_list_t *h) { return h->next == h; }
+static inline void list_push_back(slime_list_t *h, slime_list_t *n) {
+    n->prev = h->prev;
+    n->next = h;
+    h->prev->next = n;
+    h->prev = n;
+}
+static inline void list_del(slime_list_t *n) {
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->prev = n->next = n; /* deleting twice is harmless */
+}
+static inline int list_linked(const slime_list_t *n) { return n->next != n; }
+
+#define container_of(p, type, member) \
+    ((type *)((char *)(p) - offsetof(type, member)))
+#define list_first(h, type, member) \
+    (list_empty(h) ? NULL : container_of((h)->next, type, member))
+/* Iterate allowing deletion of the current node. */
+#define list_for_each_safe(pos, tmp, h) \
+    for (pos = (h)->next, tmp = pos->next; pos != (h); pos = tmp, tmp = pos->next)
+
+static inline uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+/* Reads a size from the environment (decimal, optional K/M/G suffix). */
+size_t env_size(const char *name, size_t dflt);
+
+#endif

@@ -1,0 +1,314 @@
+/*
+ * dlslime.h - the one public header of libdlslime, the dlslime-torch
+ * transfer core.
+ *
+ * Objects
+ *   slime_ctx_t  a process's engine: listeners, progress thread, MR table.
+ *   slime_ep_t   a connection to one peer context (shm or tcp).
+ *   slime_mr_t   a registered memory region.
+ *   slime_mr_desc_t  the serialisable remote view of an MR (64 plain bytes:
+ *                copy it, send it, pickle it).
+ *   slime_req_t  one in-flight operation.
+ *
+ * Ownership
+ *   The caller owns a context (slime_ctx_destroy), every MR it registers
+ *   (slime_mr_dereg) and every request it is handed (slime_req_free).
+ *   Endpoints belong to their context: slime_ep_close is optional, and
+ *   slime_ctx_destroy closes and frees the rest.  Buffers passed to an
+ *   operation must stay valid until its request completes.
+ *
+ * Threads
+ *   Every function is thread-safe.  A context runs one progress thread;
+ *   a thread waiting on a request also drives progress while it spins, so
+ *   short operations complete without a thread hand-off.
+ *
+ * Errors
+ *   Functions return slime_status_t.  When one fails, slime_last_error()
+ *   gives a detail text for the calling thread; a failed request keeps its
+ *   own text in slime_req_error().
+ *
+ * Timeouts
+ *   Every call that can block takes timeout_ms.  A negative timeout is an
+ *   error (SLIME_ERR_INVAL): nothing in the library waits forever.
+ */
+#ifndef DLSLIME_H
+#define DLSLIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SLIME_VERSION_MAJOR 0
+#define SLIME_VERSION_MINOR 1
+/* Wire version: peers with a different one are refused at the handshake. */
+#define SLIME_WIRE_VERSION 1
+
+#if defined(__GNUC__)
+#define SLIME_API __attribute__((visibility("default")))
+#else
+#define SLIME_API
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Status codes                                                        */
+/* ------------------------------------------------------------------ */
+
+typedef enum slime_status {
+    SLIME_OK = 0,
+    SLIME_INPROGRESS = 1,        /* request has not completed yet */
+    SLIME_ERR_INVAL = -1,        /* bad argument */
+    SLIME_ERR_NOMEM = -2,        /* out of memory */
+    SLIME_ERR_TIMEOUT = -3,      /* the wait ran past its timeout */
+    SLIME_ERR_PEER_LOST = -4,    /* the peer died or the connection broke */
+    SLIME_ERR_REFUSED = -5,      /* handshake refused: magic, version, token */
+    SLIME_ERR_ACCESS = -6,       /* unregistered, deregistered, out of bounds
+                                    or not permitted memory */
+    SLIME_ERR_TRUNCATED = -7,    /* message larger than the receive buffer */
+    SLIME_ERR_CANCELED = -8,     /* request canceled before it matched */
+    SLIME_ERR_UNSUPPORTED = -9,  /* transport or feature not available */
+    SLIME_ERR_PROTOCOL = -10,    /* the peer sent bytes that break the protocol */
+    SLIME_ERR_SYSTEM = -11,      /* a system call failed (detail has errno) */
+    SLIME_ERR_CLOSED = -12,      /* endpoint or context was closed */
+    SLIME_ERR_BUSY = -13,        /* resource still in use */
+} slime_status_t;
+
+/* Short fixed text for a status ("peer lost"). Never NULL. */
+SLIME_API const char *slime_strerror(slime_status_t status);
+/* Enum name of a status ("SLIME_ERR_PEER_LOST"). Never NULL. */
+SLIME_API const char *slime_status_name(slime_status_t status);
+/* Detail text of the last failing call made by this thread ("" if none).
+ * Valid until the thread's next failing call. */
+SLIME_API const char *slime_last_error(void);
+
+/* ------------------------------------------------------------------ */
+/* Context                                                             */
+/* ------------------------------------------------------------------ */
+
+typedef struct slime_ctx slime_ctx_t;
+typedef struct slime_ep slime_ep_t;
+typedef struct slime_mr slime_mr_t;
+typedef struct slime_req slime_req_t;
+
+typedef struct slime_ctx_opts {
+    /* "auto", "shm" or "tcp".  NULL: $DLSLIME_TRANSPORT, else "auto"
+     * (shm to peers on the same host, tcp to the rest).  Forcing a
+     * transport applies to every endpoint this context dials or accepts. */
+    const char *transport;
+    /* IPv4 address the tcp listener binds and advertises.  NULL:
+     * $DLSLIME_HOST, else bind 0.0.0.0 and advertise every up IPv4
+     * interface address (loopback last). */
+    const char *tcp_host;
+    uint16_t tcp_port;           /* 0: an ephemeral port */
+    /* Per-job secret.  Peers must present the same bytes at the
+     * handshake.  NULL: $DLSLIME_TOKEN, else the empty token. */
+    const void *token;
+    size_t token_len;
+} slime_ctx_opts_t;
+
+/* Fills opts with the defaults described above. */
+SLIME_API void slime_ctx_opts_init(slime_ctx_opts_t *opts);
+
+/* Creates a context and starts its listeners and progress thread.
+ * opts may be NULL (defaults). */
+SLIME_API slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts,
+                                          slime_ctx_t **out);
+
+/* Fails every pending request with SLIME_ERR_CLOSED, closes every
+ * endpoint, stops the progress thread and frees the context.  MRs and
+ * requests the caller still holds stay valid to deregister / free. */
+SLIME_API void slime_ctx_destroy(slime_ctx_t *ctx);
+
+/* Writes the context's address blob (how peers reach it) into buf.
+ * *len: in, the capacity of buf; out, the blob's length.  With buf NULL
+ * or too small, sets *len and returns SLIME_ERR_INVAL.  The blob holds no
+ * secret. SLIME_ADDRESS_MAX bounds its size. */
+#define SLIME_ADDRESS_MAX 512
+SLIME_API slime_status_t slime_ctx_address(slime_ctx_t *ctx, void *buf,
+                                           size_t *len);
+
+/* A random 64-bit id, unique per context; part of the address. */
+SLIME_API uint64_t slime_ctx_id(const slime_ctx_t *ctx);
+
+/* ------------------------------------------------------------------ */
+/* Endpoints                                                           */
+/* ------------------------------------------------------------------ */
+
+/* Returns the endpoint to the peer whose address blob is given, dialing
+ * it if no endpoint to that peer exists yet.  Two contexts that connect
+ * to each other at the same time end up sharing one connection; calling
+ * it again returns the same endpoint.  Blocks up to timeout_ms for the
+ * handshake.  Errors: SLIME_ERR_INVAL (malformed blob), SLIME_ERR_REFUSED
+ * (the peer refused our version or token), SLIME_ERR_TIMEOUT,
+ * SLIME_ERR_PEER_LOST (nobody there), SLIME_ERR_UNSUPPORTED (the forced
+ * transport cannot reach that peer). */
+SLIME_API slime_status_t slime_ep_connect(slime_ctx_t *ctx, const void *addr,
+                                          size_t addr_len, int64_t timeout_ms,
+                                          slime_ep_t **out);
+
+/* Returns the next endpoint a peer dialed into this context, in arrival
+ * order, waiting up to timeout_ms for one.  Each endpoint is returned once
+ * (an endpoint that slime_ep_connect already handed out is still queued
+ * here once: a server may accept what a client dialed). */
+SLIME_API slime_status_t slime_ep_accept(slime_ctx_t *ctx, int64_t timeout_ms,
+                                         slime_ep_t **out);
+
+/* "shm" or "tcp". */
+SLIME_API const char *slime_ep_transport(const slime_ep_t *ep);
+/* The peer context's id. */
+SLIME_API uint64_t slime_ep_peer_id(const slime_ep_t *ep);
+/* SLIME_OK while connected, else the status that closed it
+ * (SLIME_ERR_PEER_LOST, SLIME_ERR_CLOSED, SLIME_ERR_PROTOCOL). */
+SLIME_API slime_status_t slime_ep_status(const slime_ep_t *ep);
+
+/* Closes the connection: pending requests on it fail with
+ * SLIME_ERR_CLOSED.  The pointer stays valid until the context is
+ * destroyed; a later slime_ep_connect to the same peer dials anew. */
+SLIME_API void slime_ep_close(slime_ep_t *ep);
+
+/* ------------------------------------------------------------------ */
+/* Memory regions                                                      */
+/* ------------------------------------------------------------------ */
+
+#define SLIME_ACCESS_REMOTE_READ 0x1u
+#define SLIME_ACCESS_REMOTE_WRITE 0x2u
+#define SLIME_ACCESS_ALL (SLIME_ACCESS_REMOTE_READ | SLIME_ACCESS_REMOTE_WRITE)
+
+/* Registers [addr, addr+len) for one-sided ops; len > 0.  access says
+ * what peers may do with it (local use is always allowed). */
+SLIME_API slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr,
+                                      size_t len, unsigned access,
+                                      slime_mr_t **out);
+
+/* Deregisters and frees mr.  New remote accesses fail with
+ * SLIME_ERR_ACCESS at once; accesses already copying finish first (the
+ * call waits for them, at most a few seconds).  Local requests that still
+ * use mr must have completed. */
+SLIME_API slime_status_t slime_mr_dereg(slime_mr_t *mr);
+
+SLIME_API void *slime_mr_addr(const slime_mr_t *mr);
+SLIME_API size_t slime_mr_len(const slime_mr_t *mr);
+
+/* The remote view of an MR: 64 plain bytes, valid in any process of the
+ * same job until the MR is deregistered. */
+typedef struct slime_mr_desc {
+    uint8_t bytes[64];
+} slime_mr_desc_t;
+
+SLIME_API slime_status_t slime_mr_desc(const slime_mr_t *mr,
+                                       slime_mr_desc_t *out);
+/* Length of the region a descriptor names (0 if malformed). */
+SLIME_API uint64_t slime_mr_desc_len(const slime_mr_desc_t *desc);
+
+/* ------------------------------------------------------------------ */
+/* Operations                                                          */
+/* ------------------------------------------------------------------ */
+/* Each posts the operation and hands back a request.  Argument errors are
+ * returned at once (and *out is left NULL); errors found later (at the
+ * peer, or the peer lost) complete the request with that status. */
+
+/* Two-sided, tagged.  Messages between one pair with one tag are matched
+ * in the order sent.  len may be 0.  A send completes when its buffer may
+ * be reused. A receive completes with the message's length
+ * (slime_req_bytes); a message longer than cap fails both sides with
+ * SLIME_ERR_TRUNCATED. */
+SLIME_API slime_status_t slime_send(slime_ep_t *ep, const void *buf, size_t len,
+                                    uint64_t tag, slime_req_t **out);
+SLIME_API slime_status_t slime_recv(slime_ep_t *ep, void *buf, size_t cap,
+                                    uint64_t tag, slime_req_t **out);
+/* Receive from any endpoint of ctx; slime_req_ep tells which peer sent. */
+SLIME_API slime_status_t slime_recv_any(slime_ctx_t *ctx, void *buf, size_t cap,
+                                        uint64_t tag, slime_req_t **out);
+
+/* One-sided: copy len bytes between local [local_off, +len) and the
+ * peer's region named by remote at [remote_off, +len).  The peer's code
+ * takes no part.  len must be > 0; both ranges must lie inside their
+ * regions; remote must belong to the peer of ep and allow the access. */
+SLIME_API slime_status_t slime_read(slime_ep_t *ep, slime_mr_t *local,
+                                    size_t local_off,
+                                    const slime_mr_desc_t *remote,
+                                    size_t remote_off, size_t len,
+                                    slime_req_t **out);
+SLIME_API slime_status_t slime_write(slime_ep_t *ep, slime_mr_t *local,
+                                     size_t local_off,
+                                     const slime_mr_desc_t *remote,
+                                     size_t remote_off, size_t len,
+                                     slime_req_t **out);
+/* A write that also delivers imm to the peer once the data is in place;
+ * the peer collects it with slime_imm_recv. */
+SLIME_API slime_status_t slime_write_imm(slime_ep_t *ep, slime_mr_t *local,
+                                         size_t local_off,
+                                         const slime_mr_desc_t *remote,
+                                         size_t remote_off, size_t len,
+                                         uint32_t imm, slime_req_t **out);
+/* Completes with the next immediate value from ep's peer
+ * (slime_req_imm), in arrival order, whether it arrived before or after
+ * this call. */
+SLIME_API slime_status_t slime_imm_recv(slime_ep_t *ep, slime_req_t **out);
+
+/* Batches: many operations posted in one call, completed by one request
+ * that finishes when all of them have (its status is the first failure,
+ * or SLIME_OK). */
+typedef enum slime_op_kind {
+    SLIME_OP_SEND = 1,
+    SLIME_OP_RECV = 2,
+    SLIME_OP_READ = 3,
+    SLIME_OP_WRITE = 4,
+    SLIME_OP_WRITE_IMM = 5,
+} slime_op_kind_t;
+
+typedef struct slime_op {
+    slime_op_kind_t kind;
+    slime_ep_t *ep;
+    /* SEND / RECV */
+    void *buf;
+    size_t len;                  /* also the length of READ / WRITE */
+    uint64_t tag;
+    /* READ / WRITE / WRITE_IMM */
+    slime_mr_t *local;
+    size_t local_off;
+    const slime_mr_desc_t *remote;
+    size_t remote_off;
+    uint32_t imm;
+} slime_op_t;
+
+/* Validates every op first: if one is bad, nothing is posted and the
+ * error names its index. */
+SLIME_API slime_status_t slime_batch(slime_ctx_t *ctx, const slime_op_t *ops,
+                                     size_t n, slime_req_t **out);
+
+/* ------------------------------------------------------------------ */
+/* Requests                                                            */
+/* ------------------------------------------------------------------ */
+
+/* SLIME_INPROGRESS, or the final status.  Drives progress once. */
+SLIME_API slime_status_t slime_req_test(slime_req_t *req);
+/* Waits up to timeout_ms; returns the final status, or SLIME_ERR_TIMEOUT
+ * with the request still pending (wait again, or cancel it). */
+SLIME_API slime_status_t slime_req_wait(slime_req_t *req, int64_t timeout_ms);
+/* Waits for all n; returns SLIME_OK, the first failure in array order, or
+ * SLIME_ERR_TIMEOUT. */
+SLIME_API slime_status_t slime_req_wait_all(slime_req_t *const *reqs, size_t n,
+                                            int64_t timeout_ms);
+/* Cancels a receive or imm_recv that has not matched yet (it completes
+ * with SLIME_ERR_CANCELED).  Other requests: SLIME_ERR_BUSY. */
+SLIME_API slime_status_t slime_req_cancel(slime_req_t *req);
+/* Detail text of a failed request ("" while pending or on success). */
+SLIME_API const char *slime_req_error(const slime_req_t *req);
+/* Bytes a completed receive got. */
+SLIME_API size_t slime_req_bytes(const slime_req_t *req);
+/* Immediate value a completed imm_recv got. */
+SLIME_API uint32_t slime_req_imm(const slime_req_t *req);
+/* Endpoint a completed receive came from (useful after slime_recv_any). */
+SLIME_API slime_ep_t *slime_req_ep(const slime_req_t *req);
+/* Frees a request.  A pending one is canceled if it can be, else detached:
+ * it is freed when it completes. */
+SLIME_API void slime_req_free(slime_req_t *req);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DLSLIME_H */

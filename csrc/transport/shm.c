@@ -1,0 +1,439 @@
+/* The shm transport, for two contexts on one host.
+ *
+ * Each connection is a shared segment holding two single-producer rings
+ * (one per direction) that carry the stream protocol, plus a SEQPACKET
+ * unix socket that passes the segment at the handshake, rings doorbells
+ * for a peer that sleeps, and hangs up when the peer process dies.
+ * Large two-sided messages are copied in and out of the ring at once by
+ * both processes (two cores working); one-sided ops go by single-copy
+ * process_vm_readv/writev (CMA), checked against the peer's shared MR
+ * table, and fall back to frames when the kernel refuses CMA. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "transport/sockio.h"
+#include "transport/transport.h"
+
+#define SEG_MAGIC 0x534c494d45534547ull
+#define SEG_HDR 4096
+
+typedef struct ring {
+    _Alignas(64) _Atomic uint64_t tail;       /* producer's */
+    _Alignas(64) _Atomic uint64_t head;       /* consumer's */
+    _Atomic uint32_t want_space;              /* producer waits for room */
+} ring_t;
+
+typedef struct seg_hdr {
+    uint64_t magic;
+    uint64_t ring_size;
+    ring_t ring[2];                           /* [0]: dialer -> acceptor */
+} seg_hdr_t;
+_Static_assert(sizeof(seg_hdr_t) <= SEG_HDR, "segment header");
+
+typedef struct shm_conn {
+    int sock;
+    uint8_t *seg;
+    size_t seg_len;
+    ring_t *tx, *rx;
+    uint8_t *txd, *rxd;
+    uint64_t size, chunk;
+    mr_shared_t *peer;                        /* the peer's MR table */
+    int peer_pid;
+    bool cma;
+} shm_conn_t;
+
+static void abstract_name(uint64_t ctx_id, struct sockaddr_un *sa, socklen_t *len) {
+    memset(sa, 0, sizeof *sa);
+    sa->sun_family = AF_UNIX;
+    int n = snprintf(sa->sun_path + 1, sizeof sa->sun_path - 1, "dlslime-%016" PRIx64, ctx_id);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+slime_status_t shm_listen(slime_ctx_t *ctx, int *fd_out) {
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return slime_errorf(SLIME_ERR_SYSTEM, "unix socket: %s", strerror(errno));
+    struct sockaddr_un sa;
+    socklen_t sl;
+    abstract_name(ctx->id, &sa, &sl);
+    if (bind(fd, (struct sockaddr *)&sa, sl) < 0 || listen(fd, 256) < 0) {
+        int e = errno;
+        close(fd);
+        return slime_errorf(SLIME_ERR_SYSTEM, "shm listen: %s", strerror(e));
+    }
+    *fd_out = fd;
+    return SLIME_OK;
+}
+
+static int peer_pid_of(int sock) {
+    struct ucred cr;
+    socklen_t l = sizeof cr;
+    return getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &l) == 0 ? cr.pid : 0;
+}
+
+static void *map_fd(int fd, size_t len) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static shm_conn_t *conn_build(int sock, uint8_t *seg, size_t seg_len, mr_shared_t *peer,
+                              bool dialer) {
+    shm_conn_t *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    seg_hdr_t *h = (seg_hdr_t *)seg;
+    c->sock = sock;
+    c->seg = seg;
+    c->seg_len = seg_len;
+    c->size = h->ring_size;
+    c->chunk = env_size("DLSLIME_SHM_CHUNK", 256 * 1024);
+    uint8_t *d0 = seg + SEG_HDR, *d1 = d0 + h->ring_size;
+    c->tx = &h->ring[dialer ? 0 : 1];
+    c->rx = &h->ring[dialer ? 1 : 0];
+    c->txd = dialer ? d0 : d1;
+    c->rxd = dialer ? d1 : d0;
+    c->peer = peer;
+    c->peer_pid = peer_pid_of(sock);
+    const char *cma = getenv("DLSLIME_SHM_CMA");
+    c->cma = c->peer_pid > 0 && !(cma && cma[0] == '0');
+    return c;
+}
+
+static size_t seg_size(uint64_t ring) { return SEG_HDR + 2 * ring; }
+
+static slime_status_t recv_with_fds(int fd, void *buf, size_t n, int *fds, int maxfds,
+                                    uint64_t deadline) {
+    for (;;) {
+        char cbuf[CMSG_SPACE(sizeof(int) * 2)];
+        struct iovec iov = {.iov_base = buf, .iov_len = n};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                             .msg_controllen = sizeof cbuf};
+        ssize_t r = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (r >= 0) {
+            int got = 0;
+            for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+                if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+                int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                int *in = (int *)CMSG_DATA(cm);
+                for (int i = 0; i < k; i++) {
+                    if (got < maxfds) fds[got++] = in[i];
+                    else close(in[i]);
+                }
+            }
+            if ((size_t)r != n || got != maxfds) {
+                for (int i = 0; i < got; i++) close(fds[i]);
+                if (r == 0) return slime_errorf(SLIME_ERR_PEER_LOST, "handshake: peer closed the connection");
+                return slime_errorf(SLIME_ERR_PROTOCOL, "handshake: malformed shm message (%zd bytes, %d fds)", r, got);
+            }
+            return SLIME_OK;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN) return slime_errorf(SLIME_ERR_PEER_LOST, "handshake: %s", strerror(errno));
+        int w = sock_wait(fd, POLLIN, deadline);
+        if (w == 0) return slime_errorf(SLIME_ERR_TIMEOUT, "handshake: timed out waiting for the peer's reply");
+        if (w < 0) return slime_errorf(SLIME_ERR_PEER_LOST, "handshake: connection failed");
+    }
+}
+
+static slime_status_t send_with_fds(int sock, const void *buf, size_t n, const int *fds, int nfds,
+                                    uint64_t deadline) {
+    char cbuf[CMSG_SPACE(sizeof(int) * 2)];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = n};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds) {
+        msg.msg_control = cbuf;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
+    }
+    return sock_sendmsg_all(sock, &msg, deadline);
+}
+
+static slime_status_t shm_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t deadline,
+                               void **conn, int *fd_out, wire_welcome_t *w) {
+    if (!(peer->flags & ADDR_HAS_SHM) || !address_same_host(&ctx->addr, peer))
+        return slime_errorf(SLIME_ERR_UNSUPPORTED,
+                            "shm: peer %016" PRIx64 " is not on this host (or has no shm listener)",
+                            peer->ctx_id);
+    slime_status_t st;
+    uint8_t *seg = NULL;
+    mr_shared_t *pt = NULL;
+    int segfd = -1, peerfd = -1;
+    uint64_t ring = env_size("DLSLIME_SHM_RING", 4u << 20);
+    size_t len = seg_size(ring);
+    int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (sock < 0) return slime_errorf(SLIME_ERR_SYSTEM, "unix socket: %s", strerror(errno));
+    struct sockaddr_un sa;
+    socklen_t sl;
+    abstract_name(peer->ctx_id, &sa, &sl);
+    if (connect(sock, (struct sockaddr *)&sa, sl) < 0) {
+        st = slime_errorf(SLIME_ERR_PEER_LOST, "shm connect to %016" PRIx64 ": %s", peer->ctx_id,
+                          strerror(errno));
+        goto fail;
+    }
+    sock_set_nonblock(sock);
+    segfd = memfd_create("dlslime-ring", MFD_CLOEXEC);
+    if (segfd < 0 || ftruncate(segfd, (off_t)len) < 0 || !(seg = map_fd(segfd, len))) {
+        st = slime_errorf(SLIME_ERR_SYSTEM, "shm segment of %zu bytes: %s", len, strerror(errno));
+        goto fail;
+    }
+    seg_hdr_t *h = (seg_hdr_t *)seg;
+    h->magic = SEG_MAGIC;
+    h->ring_size = ring;
+    wire_hello_t hello;
+    hello_fill(ctx, WIRE_TRANSPORT_SHM, &hello);
+    int fds[2] = {segfd, ctx->mr_fd};
+    if ((st = send_with_fds(sock, &hello, sizeof hello, fds, 2, deadline)) != SLIME_OK) goto fail;
+    /* a refusal comes without an fd */
+    char wbuf[sizeof *w];
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    for (;;) {
+        struct iovec iov = {.iov_base = wbuf, .iov_len = sizeof wbuf};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                             .msg_controllen = sizeof cbuf};
+        ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (r >= 0) {
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+            if (cm && cm->cmsg_type == SCM_RIGHTS) memcpy(&peerfd, CMSG_DATA(cm), sizeof(int));
+            if (r != (ssize_t)sizeof *w) {
+                st = r == 0 ? slime_errorf(SLIME_ERR_PEER_LOST, "handshake: peer closed the connection")
+                            : slime_errorf(SLIME_ERR_PROTOCOL, "handshake: malformed welcome");
+                goto fail;
+            }
+            break;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN) { st = slime_errorf(SLIME_ERR_PEER_LOST, "handshake: %s", strerror(errno)); goto fail; }
+        int wr = sock_wait(sock, POLLIN, deadline);
+        if (wr == 0) { st = slime_errorf(SLIME_ERR_TIMEOUT, "handshake: timed out waiting for the peer's reply"); goto fail; }
+        if (wr < 0) { st = slime_errorf(SLIME_ERR_PEER_LOST, "handshake: connection failed"); goto fail; }
+    }
+    memcpy(w, wbuf, sizeof *w);
+    if (w->magic == WIRE_WELCOME_MAGIC && w->verdict == WELCOME_OK) {
+        if (peerfd < 0 || !(pt = map_fd(peerfd, sizeof(mr_shared_t)))) {
+            st = slime_errorf(SLIME_ERR_PROTOCOL, "handshake: peer sent no usable MR table");
+            goto fail;
+        }
+        if (!(*conn = conn_build(sock, seg, len, pt, true))) { st = slime_errorf(SLIME_ERR_NOMEM, "shm conn"); goto fail; }
+        seg = NULL;
+        pt = NULL;
+    } else {
+        *conn = NULL; /* the caller reads the verdict */
+    }
+    if (peerfd >= 0) close(peerfd);
+    close(segfd);
+    if (seg) munmap(seg, len);
+    *fd_out = sock;
+    if (!*conn) { close(sock); *fd_out = -1; }
+    return SLIME_OK;
+fail:
+    if (pt) munmap(pt, sizeof(mr_shared_t));
+    if (peerfd >= 0) close(peerfd);
+    if (seg) munmap(seg, len);
+    if (segfd >= 0) close(segfd);
+    close(sock);
+    return st;
+}
+
+static int shm_read_hello(slime_ctx_t *ctx, pending_conn_t *pc) {
+    (void)ctx;
+    slime_status_t st = recv_with_fds(pc->fd, &pc->hello, sizeof pc->hello, pc->xfd, 2, 0);
+    if (st == SLIME_ERR_TIMEOUT) return 0; /* nothing yet: deadline 0 polls once */
+    if (st != SLIME_OK || pc->hello.magic != WIRE_HELLO_MAGIC) return -1;
+    pc->got = sizeof pc->hello;
+    pc->peer_pid = (uint32_t)peer_pid_of(pc->fd);
+    return 1;
+}
+
+static slime_status_t shm_send_welcome(slime_ctx_t *ctx, pending_conn_t *pc,
+                                       const wire_welcome_t *w, void **conn) {
+    if (!conn) return send_with_fds(pc->fd, w, sizeof *w, NULL, 0, now_ns() + 1000000000ull);
+    struct stat_len { size_t len; } sz;
+    off_t end = lseek(pc->xfd[0], 0, SEEK_END);
+    sz.len = end > 0 ? (size_t)end : 0;
+    uint8_t *seg = sz.len > SEG_HDR ? map_fd(pc->xfd[0], sz.len) : NULL;
+    mr_shared_t *pt = map_fd(pc->xfd[1], sizeof(mr_shared_t));
+    seg_hdr_t *h = (seg_hdr_t *)seg;
+    if (!seg || !pt || h->magic != SEG_MAGIC || seg_size(h->ring_size) != sz.len ||
+        pt->magic != MR_TABLE_MAGIC) {
+        if (seg) munmap(seg, sz.len);
+        if (pt) munmap(pt, sizeof(mr_shared_t));
+        return slime_errorf(SLIME_ERR_PROTOCOL, "shm handshake: bad segment from peer");
+    }
+    slime_status_t st = send_with_fds(pc->fd, w, sizeof *w, &ctx->mr_fd, 1, now_ns() + 1000000000ull);
+    if (st == SLIME_OK && !(*conn = conn_build(pc->fd, seg, sz.len, pt, false)))
+        st = slime_errorf(SLIME_ERR_NOMEM, "shm conn");
+    if (st != SLIME_OK) {
+        munmap(seg, sz.len);
+        munmap(pt, sizeof(mr_shared_t));
+    }
+    return st;
+}
+
+static void doorbell(shm_conn_t *c) {
+    /* a full socket queue already guarantees a wake-up */
+    char b = 1;
+    (void)send(c->sock, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+static void ring_copy_in(shm_conn_t *c, uint64_t pos, const uint8_t *src, size_t n) {
+    size_t at = (size_t)(pos % c->size), first = min_sz(n, (size_t)c->size - at);
+    memcpy(c->txd + at, src, first);
+    if (n > first) memcpy(c->txd, src + first, n - first);
+}
+
+static ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
+    shm_conn_t *c = ep->conn;
+    uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&c->tx->head, memory_order_acquire);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = iov[i].iov_base;
+        size_t left = iov[i].iov_len;
+        while (left) {
+            size_t room = (size_t)(c->size - (tail - head));
+            if (room == 0) {
+                /* ask for a doorbell, then look again: the reader may
+                 * have freed room before it could see the request */
+                atomic_store_explicit(&c->tx->want_space, 1, memory_order_seq_cst);
+                head = atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
+                room = (size_t)(c->size - (tail - head));
+                if (room == 0) goto done;
+            }
+            size_t k = min_sz(min_sz(left, room), (size_t)c->chunk);
+            ring_copy_in(c, tail, p, k);
+            tail += k;
+            p += k;
+            left -= k;
+            total += k;
+            /* publish each chunk so the reader copies out while we copy in */
+            atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
+        }
+    }
+done:
+    if (total) {
+        atomic_thread_fence(memory_order_seq_cst);
+        if (atomic_load(&c->peer->polling) == 0) doorbell(c);
+    }
+    return (ssize_t)total;
+}
+
+static ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
+    shm_conn_t *c = ep->conn;
+    uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&c->rx->tail, memory_order_acquire);
+    size_t k = min_sz(n, (size_t)(tail - head));
+    if (k == 0) return 0;
+    size_t at = (size_t)(head % c->size), first = min_sz(k, (size_t)c->size - at);
+    memcpy(dst, c->rxd + at, first);
+    if (k > first) memcpy((uint8_t *)dst + first, c->rxd, k - first);
+    atomic_store_explicit(&c->rx->head, head + k, memory_order_seq_cst);
+    if (atomic_load_explicit(&c->rx->want_space, memory_order_seq_cst)) {
+        atomic_store(&c->rx->want_space, 0);
+        if (atomic_load(&c->peer->polling) == 0) doorbell(c);
+    }
+    return (ssize_t)k;
+}
+
+static bool rx_pending(shm_conn_t *c) {
+    return atomic_load_explicit(&c->rx->tail, memory_order_acquire) !=
+           atomic_load_explicit(&c->rx->head, memory_order_relaxed);
+}
+
+bool shm_has_work(slime_ep_t *ep) {
+    shm_conn_t *c = ep->conn;
+    if (!c) return false;
+    if (rx_pending(c)) return true;
+    /* queued frames and room for them: nobody would ring us for that */
+    uint64_t used = atomic_load_explicit(&c->tx->tail, memory_order_relaxed) -
+                    atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
+    return !list_empty(&ep->txq) && used < c->size;
+}
+
+static bool shm_rx_ready(slime_ep_t *ep) { return rx_pending(ep->conn); }
+
+static void shm_fd_event(slime_ep_t *ep, uint32_t events) {
+    shm_conn_t *c = ep->conn;
+    char buf[256];
+    ssize_t r;
+    while ((r = recv(c->sock, buf, sizeof buf, MSG_DONTWAIT)) > 0) {
+    }
+    if (r == 0 || (events & (EPOLLHUP | EPOLLERR))) {
+        /* what the peer wrote before it died is still worth reading */
+        if (!rx_pending(c) || ep->rx.paused)
+            ep_fail(ep, SLIME_ERR_PEER_LOST, "peer process exited (shm connection hung up)");
+    }
+}
+
+static slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max) {
+    shm_conn_t *c = ep->conn;
+    if (!c->cma) return SLIME_ERR_UNSUPPORTED;
+    while (req->done < req->len && max) {
+        size_t k = min_sz(req->len - req->done, max);
+        uint64_t raddr;
+        char why[160];
+        slime_status_t st = mr_table_acquire(c->peer, req->r_handle, req->r_rkey, req->r_off + req->done, k,
+                                             req->is_write ? SLIME_ACCESS_REMOTE_WRITE : SLIME_ACCESS_REMOTE_READ,
+                                             &raddr, why, sizeof why);
+        if (st != SLIME_OK) {
+            req_complete(req, st, "remote region: %s", why);
+            return st;
+        }
+        struct iovec l = {.iov_base = (uint8_t *)req->buf + req->done, .iov_len = k};
+        struct iovec r = {.iov_base = (void *)(uintptr_t)raddr, .iov_len = k};
+        ssize_t n = req->is_write ? process_vm_writev(c->peer_pid, &l, 1, &r, 1, 0)
+                                  : process_vm_readv(c->peer_pid, &l, 1, &r, 1, 0);
+        int e = errno;
+        mr_table_release(c->peer, req->r_handle);
+        if (n < 0) {
+            if (e == EPERM || e == ENOSYS || e == EACCES) {
+                c->cma = false; /* the frames path will serve it */
+                return SLIME_ERR_UNSUPPORTED;
+            }
+            if (e == ESRCH) {
+                ep_fail(ep, SLIME_ERR_PEER_LOST, "peer process is gone");
+                return SLIME_ERR_PEER_LOST;
+            }
+            req_complete(req, SLIME_ERR_ACCESS, "cross-memory %s failed: %s",
+                         req->is_write ? "write" : "read", strerror(e));
+            return SLIME_ERR_ACCESS;
+        }
+        req->done += (size_t)n;
+        max -= min_sz(max, (size_t)n);
+    }
+    return req->done < req->len ? SLIME_INPROGRESS : SLIME_OK;
+}
+
+static void shm_close(slime_ep_t *ep) {
+    shm_conn_t *c = ep->conn;
+    if (!c) return;
+    close(c->sock);
+    munmap(c->seg, c->seg_len);
+    munmap(c->peer, sizeof(mr_shared_t));
+    free(c);
+    ep->conn = NULL;
+}
+
+const transport_ops_t slime_shm_transport = {
+    .name = "shm",
+    .wire = WIRE_TRANSPORT_SHM,
+    .dial = shm_dial,
+    .read_hello = shm_read_hello,
+    .send_welcome = shm_send_welcome,
+    .read = shm_read,
+    .writev = shm_writev,
+    .rx_ready = shm_rx_ready,
+    .fd_event = shm_fd_event,
+    .rma = shm_rma,
+    .close = shm_close,
+};

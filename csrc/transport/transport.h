@@ -1,0 +1,56 @@
+/* A transport moves the bytes of the stream protocol between two
+ * contexts, in the style of a verbs provider's ops table: the core owns
+ * framing, matching and requests; a transport only dials, accepts and
+ * moves bytes (plus, optionally, one-sided copies it can do itself). */
+#ifndef SLIME_TRANSPORT_H
+#define SLIME_TRANSPORT_H
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "core/internal.h"
+
+typedef struct transport_ops {
+    const char *name;
+    int wire;                               /* WIRE_TRANSPORT_* */
+    /* Dials the peer and runs the dialer's half of the handshake, blocking
+     * until deadline.  Called without ctx->lock. */
+    slime_status_t (*dial)(slime_ctx_t *ctx, const wire_addr_t *peer,
+                           uint64_t deadline_ns, void **conn, int *fd,
+                           wire_welcome_t *w);
+    /* Reads what it can of a pending connection's hello (non-blocking):
+     * 1 when complete, 0 when more is needed, -1 when the peer is bad. */
+    int (*read_hello)(slime_ctx_t *ctx, pending_conn_t *pc);
+    /* Sends the welcome; with ep set (accepted), also builds the
+     * connection from what came with the hello. */
+    slime_status_t (*send_welcome)(slime_ctx_t *ctx, pending_conn_t *pc,
+                                   const wire_welcome_t *w, void **conn);
+    /* Non-blocking byte stream: bytes moved, 0 if none now, or a negative
+     * slime_status_t when the connection broke (ep_fail already done). */
+    ssize_t (*read)(slime_ep_t *ep, void *dst, size_t n);
+    ssize_t (*writev)(slime_ep_t *ep, const struct iovec *iov, int n);
+    /* True when bytes wait to be read without asking the kernel (rings). */
+    bool (*rx_ready)(slime_ep_t *ep);
+    /* The ep's fd reported events (doorbells, hang-ups). */
+    void (*fd_event)(slime_ep_t *ep, uint32_t events);
+    /* One-sided copy done by the initiator alone; NULL if unsupported.
+     * Moves at most max bytes of req; SLIME_INPROGRESS while bytes remain,
+     * SLIME_ERR_UNSUPPORTED when the kernel refuses (fall back to frames). */
+    slime_status_t (*rma)(slime_ep_t *ep, slime_req_t *req, size_t max);
+    /* Releases the connection (fd included). */
+    void (*close)(slime_ep_t *ep);
+} transport_ops_t;
+
+extern const transport_ops_t slime_tcp_transport;
+extern const transport_ops_t slime_shm_transport;
+
+/* Listeners, set up by the context. */
+slime_status_t tcp_listen(slime_ctx_t *ctx, const char *host, uint16_t port,
+                          int *fd, uint16_t *bound_port);
+slime_status_t shm_listen(slime_ctx_t *ctx, int *fd);
+/* Accepts what the listener has and hands each fd to pending_conn_add. */
+void listener_accept(slime_ctx_t *ctx, int lfd, int transport);
+/* The shm ring of ep has readable bytes (cheap, for sleep decisions). */
+bool shm_has_work(slime_ep_t *ep);
+
+#endif
