@@ -56,7 +56,7 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     list_init(&ctx->posted);
     list_init(&ctx->unexpected);
     list_init(&ctx->mrs);
-    ctx->epfd = ctx->wakefd = ctx->tcp_listen_fd = ctx->shm_listen_fd = ctx->mr_fd = -1;
+    ctx->epfd = ctx->pt_epfd = ctx->wakefd = ctx->tcp_listen_fd = ctx->shm_listen_fd = ctx->mr_fd = -1;
     do ctx->id = random_u64(); while (ctx->id == 0);
     ctx->force = force;
 
@@ -73,12 +73,20 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     ctx->unexp_cap = env_size("DLSLIME_UNEXPECTED_MAX", 256u << 20);
 
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+    ctx->pt_epfd = epoll_create1(EPOLL_CLOEXEC);
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ctx->epfd < 0 || ctx->wakefd < 0) {
+    if (ctx->epfd < 0 || ctx->pt_epfd < 0 || ctx->wakefd < 0) {
         st = slime_errorf(SLIME_ERR_SYSTEM, "ctx_create: epoll/eventfd: %s", strerror(errno));
         goto fail;
     }
-    watch(ctx, ctx->wakefd, &ctx->p_wake, POLL_WAKE);
+    ctx->p_wake.kind = POLL_WAKE;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &ctx->p_wake};
+    struct epoll_event nested = {.events = EPOLLIN, .data.ptr = NULL};
+    if (epoll_ctl(ctx->pt_epfd, EPOLL_CTL_ADD, ctx->wakefd, &ev) < 0 ||
+        epoll_ctl(ctx->pt_epfd, EPOLL_CTL_ADD, ctx->epfd, &nested) < 0) {
+        st = slime_errorf(SLIME_ERR_SYSTEM, "ctx_create: epoll: %s", strerror(errno));
+        goto fail;
+    }
     if ((st = mr_table_create(&ctx->mr_fd, &ctx->mr_table)) != SLIME_OK) goto fail;
 
     const char *host = opts->tcp_host ? opts->tcp_host : getenv("DLSLIME_HOST");
@@ -103,6 +111,7 @@ fail:
     if (ctx->mr_fd >= 0) close(ctx->mr_fd);
     if (ctx->wakefd >= 0) close(ctx->wakefd);
     if (ctx->epfd >= 0) close(ctx->epfd);
+    if (ctx->pt_epfd >= 0) close(ctx->pt_epfd);
     pthread_cond_destroy(&ctx->sleep_cond);
     pthread_mutex_destroy(&ctx->sleep_mtx);
     pthread_mutex_destroy(&ctx->lock);
@@ -139,6 +148,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
     close(ctx->mr_fd);
     close(ctx->wakefd);
     close(ctx->epfd);
+    close(ctx->pt_epfd);
     free(ctx->ids);
     free(ctx->id_gen);
     free(ctx->id_free);

@@ -99,7 +99,12 @@ typedef struct mr_shared {
     /* threads of this context polling its shm rings right now; a peer
      * that writes to a ring rings the doorbell only when this is 0 */
     _Atomic int32_t polling;
-    uint32_t pad[13];
+    uint32_t pad;
+    /* ...nor until this time (CLOCK_MONOTONIC ns): a thread that just
+     * stopped polling is likely to wait again at once, and a doorbell
+     * would only wake our progress thread for nothing */
+    _Atomic uint64_t grace_until;
+    uint32_t pad2[10];
     mr_entry_t slots[MR_TABLE_SLOTS];
 } mr_shared_t;
 
@@ -233,6 +238,7 @@ struct slime_ctx {
     int force;                  /* 0 auto, else WIRE_TRANSPORT_* */
     wire_addr_t addr;
     int epfd, wakefd;
+    int pt_epfd;                /* the progress thread sleeps here */
     int tcp_listen_fd, shm_listen_fd;
     pollable_t p_wake, p_tcp, p_shm;
     slime_list_t pending_conns;
@@ -257,6 +263,8 @@ struct slime_ctx {
     pthread_t thread;
     _Atomic bool stop;
     _Atomic int spinners;
+    _Atomic bool pt_asleep;     /* the progress thread sleeps in epoll */
+    _Atomic bool pt_long_sleep; /* ...and not for a short while only */
     pthread_mutex_t sleep_mtx;
     pthread_cond_t sleep_cond;  /* requests completed, endpoints changed */
     _Atomic int sleepers;
@@ -270,9 +278,9 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg,
                     uint64_t deadline_ns);
 void ctx_wake_sleepers(slime_ctx_t *ctx);
 void ctx_kick(slime_ctx_t *ctx);
+/* Call after queueing work only the progress engine will finish. */
+void ctx_post_work(slime_ctx_t *ctx);
 void *progress_thread_main(void *arg);
-void polling_enter(slime_ctx_t *ctx);
-void polling_leave(slime_ctx_t *ctx);
 void epoll_update(slime_ctx_t *ctx, slime_ep_t *ep);
 
 /* token.c */

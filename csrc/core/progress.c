@@ -6,6 +6,7 @@
  * which the peer rings only when no thread of ours is polling (the
  * `polling` count in our shared table). */
 #include <errno.h>
+#include <poll.h>
 #include <stdint.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -13,17 +14,16 @@
 #include "core/internal.h"
 #include "transport/transport.h"
 
-#define PT_SPIN_NS 20000ull      /* progress thread: spin this long idle */
+#define PT_SPIN_NS 5000ull       /* progress thread: spin this long idle */
 #define WAIT_SPIN_NS 200000ull   /* a waiter: spin this long without news */
+#define GRACE_NS 100000ull       /* see mr_shared_t.grace_until */
+#define SHORT_SLEEP_MS 1         /* the progress thread's nap during grace */
+#define STANDBY_MS 10            /* ...its sleep while a waiter spins */
+#define LONG_SLEEP_MS 1000       /* ...and when all is quiet */
 
 static void handle_event(slime_ctx_t *ctx, pollable_t *p, uint32_t events) {
     switch (p->kind) {
-    case POLL_WAKE: {
-        uint64_t v;
-        while (read(ctx->wakefd, &v, sizeof v) > 0) {
-        }
-        return;
-    }
+    case POLL_WAKE: return; /* only on pt_epfd, drained by the progress thread */
     case POLL_TCP_LISTEN: listener_accept(ctx, ctx->tcp_listen_fd, WIRE_TRANSPORT_TCP); return;
     case POLL_SHM_LISTEN: listener_accept(ctx, ctx->shm_listen_fd, WIRE_TRANSPORT_SHM); return;
     case POLL_PENDING: pending_conn_progress(ctx, p->obj); return;
@@ -73,15 +73,25 @@ static bool busy_locked(slime_ctx_t *ctx) {
     return false;
 }
 
-void polling_enter(slime_ctx_t *ctx) { atomic_fetch_add(&ctx->mr_table->polling, 1); }
+/* A waiter starts polling.  A progress thread in a long sleep must
+ * switch to naps: once this waiter leaves, peers skip doorbells for a
+ * grace period, and only the progress thread's nap covers it. */
+static void waiter_enter(slime_ctx_t *ctx) {
+    atomic_fetch_add(&ctx->mr_table->polling, 1);
+    atomic_fetch_add(&ctx->spinners, 1);
+    if (atomic_load(&ctx->pt_long_sleep)) ctx_kick(ctx);
+}
 
-void polling_leave(slime_ctx_t *ctx) {
-    if (atomic_fetch_sub(&ctx->mr_table->polling, 1) != 1) return;
-    /* the last poller leaves: what slipped in meanwhile got no doorbell */
-    pthread_mutex_lock(&ctx->lock);
-    bool busy = busy_locked(ctx);
-    pthread_mutex_unlock(&ctx->lock);
-    if (busy) ctx_kick(ctx);
+static void waiter_leave(slime_ctx_t *ctx) {
+    atomic_store(&ctx->mr_table->grace_until, now_ns() + GRACE_NS);
+    atomic_fetch_sub(&ctx->spinners, 1);
+    atomic_fetch_sub(&ctx->mr_table->polling, 1);
+}
+
+void ctx_post_work(slime_ctx_t *ctx) {
+    /* work was queued under ctx->lock; a progress thread that looked
+     * before it did so is asleep with pt_asleep set, and needs a kick */
+    if (atomic_load(&ctx->pt_asleep)) ctx_kick(ctx);
 }
 
 void ctx_kick(slime_ctx_t *ctx) {
@@ -100,25 +110,26 @@ void ctx_wake_sleepers(slime_ctx_t *ctx) {
 
 bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
     if (done(arg)) return true;
-    polling_enter(ctx);
-    atomic_fetch_add(&ctx->spinners, 1);
+    waiter_enter(ctx);
     uint64_t last = now_ns();
     bool ok = false, timed_out = false;
     for (;;) {
         if (done(arg)) { ok = true; break; }
-        if (pthread_mutex_trylock(&ctx->lock) == 0) {
-            int did = progress_locked(ctx);
-            pthread_mutex_unlock(&ctx->lock);
-            if (did) last = now_ns();
-        }
+        /* block on the lock rather than try it: a holder preempted by
+         * our own spinning would otherwise stall us for a whole spin */
+        pthread_mutex_lock(&ctx->lock);
+        int did = progress_locked(ctx);
+        pthread_mutex_unlock(&ctx->lock);
+        if (did) last = now_ns();
         uint64_t t = now_ns();
         if (t >= deadline) { timed_out = true; break; }
         if (t - last > WAIT_SPIN_NS) break;
         for (int i = 0; i < 8; i++) cpu_relax();
     }
-    atomic_fetch_sub(&ctx->spinners, 1);
-    polling_leave(ctx);
+    waiter_leave(ctx);
     if (ok || timed_out) return ok || done(arg);
+    /* we stop spinning but keep waiting: the progress thread takes over */
+    if (atomic_load(&ctx->spinners) == 0) ctx_kick(ctx);
     /* nothing happened for a while: sleep; the progress thread takes over */
     pthread_mutex_lock(&ctx->sleep_mtx);
     atomic_fetch_add(&ctx->sleepers, 1);
@@ -136,7 +147,7 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t 
 
 void *progress_thread_main(void *arg) {
     slime_ctx_t *ctx = arg;
-    polling_enter(ctx);
+    atomic_fetch_add(&ctx->mr_table->polling, 1);
     uint64_t idle_since = now_ns();
     while (!atomic_load(&ctx->stop)) {
         pthread_mutex_lock(&ctx->lock);
@@ -145,17 +156,37 @@ void *progress_thread_main(void *arg) {
         if (did) { idle_since = now_ns(); continue; }
         if (atomic_load(&ctx->spinners) == 0 && now_ns() - idle_since < PT_SPIN_NS) { cpu_relax(); continue; }
         atomic_fetch_sub(&ctx->mr_table->polling, 1);
+        atomic_store(&ctx->pt_asleep, true); /* before the look, see ctx_post_work */
+        atomic_store(&ctx->pt_long_sleep, true);
+        /* three ways to sleep: while a waiter spins it does our work, so
+         * stay out of its way (it kicks us when it stops spinning); during
+         * the grace after one left, peers send no doorbells, so nap; else
+         * sleep until an fd or a doorbell says there is work (a waiter
+         * that starts meanwhile sees pt_long_sleep and kicks us) */
+        bool spinner = atomic_load(&ctx->spinners) > 0;
+        bool grace = !spinner && now_ns() <= atomic_load(&ctx->mr_table->grace_until);
+        if (spinner || grace) atomic_store(&ctx->pt_long_sleep, false);
         pthread_mutex_lock(&ctx->lock);
         bool busy = busy_locked(ctx);
-        int timeout = list_empty(&ctx->pending_conns) ? 1000 : 100;
+        int timeout = list_empty(&ctx->pending_conns) ? LONG_SLEEP_MS : 100;
         pthread_mutex_unlock(&ctx->lock);
         if (!busy) {
+            struct pollfd wake = {.fd = ctx->wakefd, .events = POLLIN};
             struct epoll_event ev;
-            epoll_wait(ctx->epfd, &ev, 1, timeout);
+            int woke = spinner ? poll(&wake, 1, STANDBY_MS) > 0
+                               : epoll_wait(ctx->pt_epfd, &ev, 1, grace ? SHORT_SLEEP_MS : timeout) > 0 &&
+                                     ev.data.ptr == &ctx->p_wake;
+            if (woke) {
+                uint64_t v;
+                while (read(ctx->wakefd, &v, sizeof v) > 0) {
+                }
+            }
             pthread_mutex_lock(&ctx->lock);
             ctx->poll_now = true;
             pthread_mutex_unlock(&ctx->lock);
         }
+        atomic_store(&ctx->pt_long_sleep, false);
+        atomic_store(&ctx->pt_asleep, false);
         atomic_fetch_add(&ctx->mr_table->polling, 1);
         idle_since = now_ns();
     }

@@ -149,6 +149,7 @@ void proto_on_header(slime_ep_t *ep) {
     rx->sink = SINK_DISCARD;
     switch (h->type) {
     case F_EAGER:
+        if (h->len > ctx->unexp_cap) break; /* no sender of ours does that */
         if ((r = match_posted(ctx, ep, h->a))) {
             rx->req = r;
             if (h->len > r->len) { rx->status = SLIME_ERR_TRUNCATED; return; }
@@ -349,6 +350,7 @@ void proto_post_rma(slime_ep_t *ep, slime_req_t *req) {
         list_push_back(&ep->rmaq, &req->qlink);
         /* a small op on an idle queue is done right away: no hand-off */
         if (idle && req->len <= 65536) proto_rma_progress(ep);
+        if (!list_empty(&ep->rmaq)) ctx_post_work(ep->ctx);
         return;
     }
     post_frames(ep, req);

@@ -286,6 +286,11 @@ static void doorbell(shm_conn_t *c) {
     (void)send(c->sock, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
+/* Nobody of the peer's polls its rings now, nor will soon. */
+static bool peer_needs_doorbell(shm_conn_t *c) {
+    return atomic_load(&c->peer->polling) == 0 && now_ns() > atomic_load(&c->peer->grace_until);
+}
+
 static void ring_copy_in(shm_conn_t *c, uint64_t pos, const uint8_t *src, size_t n) {
     size_t at = (size_t)(pos % c->size), first = min_sz(n, (size_t)c->size - at);
     memcpy(c->txd + at, src, first);
@@ -323,7 +328,7 @@ static ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
 done:
     if (total) {
         atomic_thread_fence(memory_order_seq_cst);
-        if (atomic_load(&c->peer->polling) == 0) doorbell(c);
+        if (peer_needs_doorbell(c)) doorbell(c);
     }
     return (ssize_t)total;
 }
@@ -332,7 +337,8 @@ static ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
     shm_conn_t *c = ep->conn;
     uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
     uint64_t tail = atomic_load_explicit(&c->rx->tail, memory_order_acquire);
-    size_t k = min_sz(n, (size_t)(tail - head));
+    /* hand room back chunk by chunk so the writer keeps copying in */
+    size_t k = min_sz(min_sz(n, (size_t)(tail - head)), (size_t)c->chunk);
     if (k == 0) return 0;
     size_t at = (size_t)(head % c->size), first = min_sz(k, (size_t)c->size - at);
     memcpy(dst, c->rxd + at, first);
@@ -340,7 +346,7 @@ static ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
     atomic_store_explicit(&c->rx->head, head + k, memory_order_seq_cst);
     if (atomic_load_explicit(&c->rx->want_space, memory_order_seq_cst)) {
         atomic_store(&c->rx->want_space, 0);
-        if (atomic_load(&c->peer->polling) == 0) doorbell(c);
+        if (peer_needs_doorbell(c)) doorbell(c);
     }
     return (ssize_t)k;
 }

@@ -212,8 +212,11 @@ SLIME_API uint64_t slime_mr_desc_len(const slime_mr_desc_t *desc);
 /* Two-sided, tagged.  Messages between one pair with one tag are matched
  * in the order sent.  len may be 0.  A send completes when its buffer may
  * be reused. A receive completes with the message's length
- * (slime_req_bytes); a message longer than cap fails both sides with
- * SLIME_ERR_TRUNCATED. */
+ * (slime_req_bytes).  A message longer than cap fails the receive with
+ * SLIME_ERR_TRUNCATED and is dropped; the send fails too when the message
+ * was large enough to go by rendezvous (above the transport's eager limit,
+ * 64 KiB by default: $DLSLIME_EAGER_SHM, $DLSLIME_EAGER_TCP), and has
+ * already completed otherwise, as in MPI. */
 SLIME_API slime_status_t slime_send(slime_ep_t *ep, const void *buf, size_t len,
                                     uint64_t tag, slime_req_t **out);
 SLIME_API slime_status_t slime_recv(slime_ep_t *ep, void *buf, size_t cap,
