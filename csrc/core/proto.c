@@ -366,8 +366,10 @@ int proto_rma_progress(slime_ep_t *ep) {
         size_t before = r->done;
         slime_status_t st = ep->tp->rma(ep, r, budget);
         did = 1;
-        budget -= min_sz(budget, r->done - before);
+        /* on a failure r is completed, and freed if detached: hands off */
+        if (st == SLIME_ERR_PEER_LOST || ep->state != EP_UP) break;
         if (st == SLIME_INPROGRESS) break;
+        if (st == SLIME_OK) budget -= min_sz(budget, r->done - before);
         if (st == SLIME_ERR_UNSUPPORTED) {
             /* the kernel refuses CMA here: everything queued goes by frames */
             while ((r = list_first(&ep->rmaq, slime_req_t, qlink))) {
