@@ -92,7 +92,7 @@ static shm_conn_t *conn_build(int sock, uint8_t *seg, size_t seg_len, mr_shared_
     c->seg = seg;
     c->seg_len = seg_len;
     c->size = h->ring_size;
-    c->chunk = env_size("DLSLIME_SHM_CHUNK", 256 * 1024);
+    c->chunk = env_size("DLSLIME_SHM_CHUNK", 128 * 1024);
     uint8_t *d0 = seg + SEG_HDR, *d1 = d0 + h->ring_size;
     c->tx = &h->ring[dialer ? 0 : 1];
     c->rx = &h->ring[dialer ? 1 : 0];
@@ -169,7 +169,7 @@ static slime_status_t shm_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64
     uint8_t *seg = NULL;
     mr_shared_t *pt = NULL;
     int segfd = -1, peerfd = -1;
-    uint64_t ring = env_size("DLSLIME_SHM_RING", 4u << 20);
+    uint64_t ring = env_size("DLSLIME_SHM_RING", 1u << 20);
     size_t len = seg_size(ring);
     int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (sock < 0) return slime_errorf(SLIME_ERR_SYSTEM, "unix socket: %s", strerror(errno));
