@@ -140,6 +140,15 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
         mr->ctx = NULL; /* the caller may still deregister (free) it */
     }
     pthread_mutex_unlock(&ctx->lock);
+    atomic_store(&ctx->closed, true);
+    /* threads still inside a wait see closed (or their request failed) and
+     * leave within one sleep slice; free nothing they may touch before */
+    while (atomic_load(&ctx->users) > 0) {
+        pthread_mutex_lock(&ctx->sleep_mtx);
+        pthread_cond_broadcast(&ctx->sleep_cond);
+        pthread_mutex_unlock(&ctx->sleep_mtx);
+        usleep(1000);
+    }
     list_for_each_safe(pos, tmp, &ctx->eps) ep_free(container_of(pos, slime_ep_t, link));
 
     close(ctx->tcp_listen_fd);

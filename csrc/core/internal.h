@@ -25,6 +25,7 @@ slime_status_t slime_verrorf(slime_status_t st, const char *fmt, va_list ap);
 /* ---- requests (req.c) ---- */
 enum req_kind {
     REQ_SEND = 1, REQ_RECV, REQ_READ, REQ_WRITE, REQ_IMM_RECV, REQ_BATCH,
+    REQ_WORKER,                 /* completed by a worker thread (collectives) */
 };
 
 struct slime_req {
@@ -59,6 +60,11 @@ struct slime_req {
 slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep);
 /* Completes req (under ctx->lock); fmt may be NULL on success. */
 void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Requests another thread of the library completes (collectives): a
+ * waiter sleeps instead of spinning, since polling would not help it. */
+slime_req_t *req_worker_new(slime_ctx_t *ctx);
+void req_worker_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 uint64_t req_id_assign(slime_ctx_t *ctx, slime_req_t *req);
 slime_req_t *req_id_lookup(slime_ctx_t *ctx, uint64_t id);
@@ -262,6 +268,8 @@ struct slime_ctx {
     /* progress thread and waiters */
     pthread_t thread;
     _Atomic bool stop;
+    _Atomic bool closed;        /* destroy failed every request: waiters leave */
+    _Atomic int users;          /* threads inside ctx_wait_until */
     _Atomic int spinners;
     _Atomic bool pt_asleep;     /* the progress thread sleeps in epoll */
     _Atomic bool pt_long_sleep; /* ...and not for a short while only */
@@ -276,6 +284,9 @@ int progress_locked(slime_ctx_t *ctx);
 /* Spins/sleeps until done() or the deadline; returns false on timeout. */
 bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg,
                     uint64_t deadline_ns);
+/* The same without spinning: for what only another thread completes. */
+bool ctx_sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg,
+                     uint64_t deadline_ns);
 void ctx_wake_sleepers(slime_ctx_t *ctx);
 void ctx_kick(slime_ctx_t *ctx);
 /* Call after queueing work only the progress engine will finish. */

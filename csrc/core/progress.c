@@ -108,8 +108,27 @@ void ctx_wake_sleepers(slime_ctx_t *ctx) {
     pthread_mutex_unlock(&ctx->sleep_mtx);
 }
 
+static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline);
+static bool sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline);
+
+bool ctx_sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
+    if (done(arg)) return true;
+    atomic_fetch_add(&ctx->users, 1);
+    bool ok = sleep_until(ctx, done, arg, deadline);
+    atomic_fetch_sub(&ctx->users, 1);
+    return ok;
+}
+
 bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
     if (done(arg)) return true;
+    /* slime_ctx_destroy waits for us to leave before it frees ctx */
+    atomic_fetch_add(&ctx->users, 1);
+    bool ok = wait_until(ctx, done, arg, deadline);
+    atomic_fetch_sub(&ctx->users, 1);
+    return ok;
+}
+
+static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
     waiter_enter(ctx);
     uint64_t last = now_ns();
     bool ok = false, timed_out = false;
@@ -122,7 +141,7 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t 
         pthread_mutex_unlock(&ctx->lock);
         if (did) last = now_ns();
         uint64_t t = now_ns();
-        if (t >= deadline) { timed_out = true; break; }
+        if (t >= deadline || atomic_load(&ctx->closed)) { timed_out = true; break; }
         if (t - last > WAIT_SPIN_NS) break;
         for (int i = 0; i < 8; i++) cpu_relax();
     }
@@ -130,12 +149,18 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t 
     if (ok || timed_out) return ok || done(arg);
     /* we stop spinning but keep waiting: the progress thread takes over */
     if (atomic_load(&ctx->spinners) == 0) ctx_kick(ctx);
-    /* nothing happened for a while: sleep; the progress thread takes over */
+    return sleep_until(ctx, done, arg, deadline);
+}
+
+/* Sleeps until done() or the deadline; whoever completes what done()
+ * looks at broadcasts sleep_cond (ctx_wake_sleepers). */
+static bool sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
+    bool ok;
     pthread_mutex_lock(&ctx->sleep_mtx);
     atomic_fetch_add(&ctx->sleepers, 1);
     while (!(ok = done(arg))) {
         uint64_t t = now_ns();
-        if (t >= deadline) break;
+        if (t >= deadline || atomic_load(&ctx->closed)) break;
         uint64_t until = t + 50000000ull < deadline ? t + 50000000ull : deadline;
         struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull), .tv_nsec = (long)(until % 1000000000ull)};
         pthread_cond_timedwait(&ctx->sleep_cond, &ctx->sleep_mtx, &ts);

@@ -93,7 +93,28 @@ void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
     ctx_wake_sleepers(ctx);
 }
 
+slime_req_t *req_worker_new(slime_ctx_t *ctx) { return req_new(ctx, REQ_WORKER, NULL); }
+
+void req_worker_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
+    slime_ctx_t *ctx = req->ctx;
+    char text[512] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(text, sizeof text, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_lock(&ctx->lock);
+    req_complete(req, st, "%s", text);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 static bool pred_done(void *arg) { return req_done(arg); }
+
+static bool wait_req(slime_req_t *req, uint64_t deadline) {
+    return req->kind == REQ_WORKER ? ctx_sleep_until(req->ctx, pred_done, req, deadline)
+                                   : ctx_wait_until(req->ctx, pred_done, req, deadline);
+}
 
 static slime_status_t final_status(slime_req_t *req) {
     slime_status_t st = atomic_load_explicit(&req->state, memory_order_acquire);
@@ -115,8 +136,7 @@ slime_status_t slime_req_test(slime_req_t *req) {
 slime_status_t slime_req_wait(slime_req_t *req, int64_t timeout_ms) {
     if (!req) return slime_errorf(SLIME_ERR_INVAL, "req_wait: NULL request");
     if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "req_wait: negative timeout");
-    if (!req_done(req) &&
-        !ctx_wait_until(req->ctx, pred_done, req, now_ns() + (uint64_t)timeout_ms * 1000000ull))
+    if (!req_done(req) && !wait_req(req, now_ns() + (uint64_t)timeout_ms * 1000000ull))
         return slime_errorf(SLIME_ERR_TIMEOUT, "request still pending after %lld ms", (long long)timeout_ms);
     return final_status(req);
 }

@@ -117,8 +117,11 @@ SLIME_API slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts,
                                           slime_ctx_t **out);
 
 /* Fails every pending request with SLIME_ERR_CLOSED, closes every
- * endpoint, stops the progress thread and frees the context.  MRs and
- * requests the caller still holds stay valid to deregister / free. */
+ * endpoint, stops the progress thread and frees the context.  Threads
+ * blocked in a wait on it return first (with the request's failure, or
+ * SLIME_ERR_TIMEOUT for connect/accept); no call may start on the context
+ * once destroy has begun.  MRs and requests the caller still holds stay
+ * valid to deregister / free. */
 SLIME_API void slime_ctx_destroy(slime_ctx_t *ctx);
 
 /* Writes the context's address blob (how peers reach it) into buf.
@@ -309,6 +312,136 @@ SLIME_API slime_ep_t *slime_req_ep(const slime_req_t *req);
 /* Frees a request.  A pending one is canceled if it can be, else detached:
  * it is freed when it completes. */
 SLIME_API void slime_req_free(slime_req_t *req);
+
+
+/* ------------------------------------------------------------------ */
+/* Communicators and collectives                                      */
+/* ------------------------------------------------------------------ */
+/* A communicator is a group of `size` contexts, one per rank, each
+ * holding an endpoint to every other member.  Its messages travel in a
+ * tag space of their own (the comm id in the top 16 bits of the tag), so
+ * they never match user messages or another communicator's.
+ *
+ * Collectives run in the order they are posted on a communicator: every
+ * rank must post the same sequence, as in MPI.  They are executed by the
+ * communicator's worker thread (the caller returns at once with a
+ * request); the request completes when this rank's part is done and its
+ * buffers may be used.  A lost member fails the pending and later
+ * collectives with SLIME_ERR_PEER_LOST; a collective that is not complete
+ * within the communicator's timeout fails with SLIME_ERR_TIMEOUT.
+ * Buffers must not overlap unless an operation says it works in place. */
+
+typedef struct slime_comm slime_comm_t;
+
+typedef enum slime_dtype {
+    SLIME_DT_INT8 = 0,
+    SLIME_DT_UINT8 = 1,
+    SLIME_DT_INT16 = 2,
+    SLIME_DT_INT32 = 3,
+    SLIME_DT_INT64 = 4,
+    SLIME_DT_FLOAT16 = 5,
+    SLIME_DT_BFLOAT16 = 6,
+    SLIME_DT_FLOAT32 = 7,
+    SLIME_DT_FLOAT64 = 8,
+    SLIME_DT_BOOL = 9,
+} slime_dtype_t;
+
+typedef enum slime_redop {
+    SLIME_RED_SUM = 0,
+    SLIME_RED_PROD = 1,
+    SLIME_RED_MIN = 2,
+    SLIME_RED_MAX = 3,
+    SLIME_RED_AVG = 4,   /* SUM then divide by size (floating types only) */
+    SLIME_RED_BAND = 5,  /* bitwise ops: integer types and bool only */
+    SLIME_RED_BOR = 6,
+    SLIME_RED_BXOR = 7,
+} slime_redop_t;
+
+#define SLIME_ANY_SOURCE (-1)
+
+/* Size in bytes of one element (0 for an unknown dtype). */
+SLIME_API size_t slime_dtype_size(slime_dtype_t dtype);
+/* SLIME_OK if op applies to dtype, else SLIME_ERR_UNSUPPORTED with a
+ * detail naming both (e.g. BXOR on float32, AVG on int32). */
+SLIME_API slime_status_t slime_redop_check(slime_redop_t op, slime_dtype_t dtype);
+
+/* Creates this rank's view of a communicator.  peers[r] is the endpoint
+ * to rank r (peers[rank] is ignored and may be NULL); the array is copied.
+ * comm_id (16 bits) must be the same on every rank and unique among the
+ * communicators alive in the job.  timeout_ms bounds every collective. */
+SLIME_API slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id,
+                                           int rank, int size,
+                                           slime_ep_t *const *peers,
+                                           int64_t timeout_ms,
+                                           slime_comm_t **out);
+/* Fails what is still queued with SLIME_ERR_CLOSED, stops the worker and
+ * frees the communicator (its endpoints stay with the context). */
+SLIME_API void slime_comm_destroy(slime_comm_t *comm);
+SLIME_API int slime_comm_rank(const slime_comm_t *comm);
+SLIME_API int slime_comm_size(const slime_comm_t *comm);
+SLIME_API void slime_comm_set_timeout(slime_comm_t *comm, int64_t timeout_ms);
+
+/* Point-to-point in the communicator's tag space (tag: low 47 bits).
+ * peer may be SLIME_ANY_SOURCE for a receive; slime_comm_req_source
+ * tells which rank sent it.  These do not queue behind collectives. */
+SLIME_API slime_status_t slime_comm_send(slime_comm_t *comm, int peer,
+                                         const void *buf, size_t len,
+                                         uint64_t tag, slime_req_t **out);
+SLIME_API slime_status_t slime_comm_recv(slime_comm_t *comm, int peer,
+                                         void *buf, size_t cap, uint64_t tag,
+                                         slime_req_t **out);
+/* Rank that sent a completed slime_comm_recv (-1 if unknown). */
+SLIME_API int slime_comm_req_source(const slime_comm_t *comm,
+                                    const slime_req_t *req);
+
+/* In place: buf holds count elements on every rank; on completion each
+ * rank holds the reduction over all ranks. */
+SLIME_API slime_status_t slime_allreduce(slime_comm_t *comm, void *buf,
+                                         size_t count, slime_dtype_t dtype,
+                                         slime_redop_t op, slime_req_t **out);
+/* In place: root's buf (bytes) is copied to every rank's buf. */
+SLIME_API slime_status_t slime_broadcast(slime_comm_t *comm, void *buf,
+                                         size_t bytes, int root,
+                                         slime_req_t **out);
+/* In place: root's buf ends up with the reduction; other ranks' buf may
+ * be used as scratch (its content afterwards is unspecified). */
+SLIME_API slime_status_t slime_reduce(slime_comm_t *comm, void *buf,
+                                      size_t count, slime_dtype_t dtype,
+                                      slime_redop_t op, int root,
+                                      slime_req_t **out);
+/* dst (size * bytes) gets every rank's src (bytes), in rank order.
+ * src may be dst + rank * bytes (in place). */
+SLIME_API slime_status_t slime_allgather(slime_comm_t *comm, const void *src,
+                                         size_t bytes, void *dst,
+                                         slime_req_t **out);
+/* Root's dst (size * bytes) gets every rank's src in rank order; dst is
+ * ignored elsewhere. */
+SLIME_API slime_status_t slime_gather(slime_comm_t *comm, const void *src,
+                                      size_t bytes, void *dst, int root,
+                                      slime_req_t **out);
+/* Rank r's dst (bytes) gets block r of root's src (size * bytes). */
+SLIME_API slime_status_t slime_scatter(slime_comm_t *comm, const void *src,
+                                       size_t bytes, void *dst, int root,
+                                       slime_req_t **out);
+/* src holds size blocks of count elements; rank r's dst (count elements)
+ * gets the reduction of block r over all ranks. */
+SLIME_API slime_status_t slime_reduce_scatter(slime_comm_t *comm,
+                                              const void *src, void *dst,
+                                              size_t count,
+                                              slime_dtype_t dtype,
+                                              slime_redop_t op,
+                                              slime_req_t **out);
+/* Rank r sends send_bytes[p] bytes at src + send_offs[p] to every rank p
+ * and receives recv_bytes[p] bytes from p at dst + recv_offs[p].  The four
+ * arrays (size entries each) are copied. */
+SLIME_API slime_status_t slime_alltoallv(slime_comm_t *comm, const void *src,
+                                         const size_t *send_bytes,
+                                         const size_t *send_offs, void *dst,
+                                         const size_t *recv_bytes,
+                                         const size_t *recv_offs,
+                                         slime_req_t **out);
+/* Completes when every rank has posted it. */
+SLIME_API slime_status_t slime_barrier(slime_comm_t *comm, slime_req_t **out);
 
 #ifdef __cplusplus
 }
