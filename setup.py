@@ -1,0 +1,173 @@
+"""Build of dlslime-torch.
+
+Two steps, both inside build_ext so that `pip install -e .` and
+`python setup.py build_ext --inplace` do the same thing:
+
+1. the C core, libdlslime.so, with CMake + Ninja (the root CMakeLists.txt),
+   copied into the dlslime_torch package;
+2. the Python extensions, each linked against that one libdlslime.so with
+   rpath $ORIGIN, so every extension in the process shares one core.
+
+Metadata lives in pyproject.toml.  Torch is deliberately not imported
+here: the torch shim extension (a later addition) will be appended to
+ext_modules by its own builder function.
+"""
+
+import filecmp
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = "dlslime_torch"
+CORE_LIBRARY = "libdlslime.so"
+# The core's build directory; shared with scripts/run_tests.sh, which
+# builds the C tests in the same place.
+CORE_BUILD_DIR = os.path.join(ROOT, os.environ.get("DLSLIME_BUILD_DIR", "build"))
+
+# Same warning discipline as the core (CMakeLists.txt).
+C_FLAGS = ["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror",
+           "-fvisibility=hidden"]
+# $ORIGIN: the extension finds libdlslime.so beside itself in the package,
+# wherever the package is installed.
+RPATH_ORIGIN = ["-Wl,-rpath,$ORIGIN"]
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def _relative(path):
+    return os.path.relpath(path, ROOT)
+
+
+def _run(cmd):
+    print("+ " + " ".join(cmd), flush=True)
+    try:
+        subprocess.run(cmd, check=True)
+    except FileNotFoundError as exc:
+        raise BuildError(
+            f"'{cmd[0]}' was not found; install it (Debian: apt-get install "
+            f"cmake ninja-build gcc) or run scripts/setup.sh") from exc
+    except subprocess.CalledProcessError as exc:
+        raise BuildError(
+            f"building the C core failed: '{' '.join(cmd)}' exited with "
+            f"{exc.returncode} (see the compiler output above)") from exc
+
+
+def _cache_value(cache_file, key):
+    """Value of KEY:TYPE=VALUE in a CMakeCache.txt, or None."""
+    with open(cache_file, encoding="utf-8") as f:
+        for line in f:
+            name, sep, value = line.partition("=")
+            if sep and name.split(":")[0] == key:
+                return value.strip()
+    return None
+
+
+def build_core():
+    """Configures (once) and builds libdlslime.so; returns its path.
+
+    An existing build directory is reused as configured, so that running
+    the C tests in it and installing the package do not fight over its
+    options.  A sanitizer build cannot be loaded into a normal Python
+    process, so such a directory is refused rather than used.
+    """
+    cache = os.path.join(CORE_BUILD_DIR, "CMakeCache.txt")
+    if os.path.exists(cache):
+        if (_cache_value(cache, "DLSLIME_SANITIZE") or "OFF").upper() in ("ON", "1", "TRUE", "YES"):
+            raise BuildError(
+                f"{CORE_BUILD_DIR} is configured with DLSLIME_SANITIZE=ON; an "
+                f"ASan library cannot be loaded by python. Use another "
+                f"DLSLIME_BUILD_DIR or remove that directory.")
+    else:
+        _run(["cmake", "-S", ROOT, "-B", CORE_BUILD_DIR, "-G", "Ninja",
+              "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+              "-DDLSLIME_TESTS=OFF", "-DDLSLIME_BENCH=OFF"])
+    _run(["cmake", "--build", CORE_BUILD_DIR, "--target", "dlslime"])
+    library = os.path.join(CORE_BUILD_DIR, CORE_LIBRARY)
+    if not os.path.exists(library):
+        raise BuildError(f"the core build finished but {library} is missing")
+    return library
+
+
+def dlslime_c_extension():
+    """dlslime_torch._C: the CPython-API binding of the C core."""
+    sources = sorted(glob.glob(os.path.join(ROOT, "csrc", "python", "*.c")))
+    headers = (glob.glob(os.path.join(ROOT, "csrc", "python", "*.h"))
+               + glob.glob(os.path.join(ROOT, "csrc", "include", "dlslime", "*.h")))
+    return Extension(
+        f"{PACKAGE}._C",
+        sources=[_relative(s) for s in sources],
+        depends=[_relative(h) for h in headers],
+        include_dirs=[os.path.join(ROOT, "csrc", "include"),
+                      os.path.join(ROOT, "csrc", "python")],
+        library_dirs=[CORE_BUILD_DIR],
+        libraries=["dlslime"],
+        extra_compile_args=C_FLAGS,
+        extra_link_args=RPATH_ORIGIN,
+    )
+
+
+class BuildCoreThenExtensions(build_ext):
+    """build_ext that first builds libdlslime.so and puts it in the package."""
+
+    def run(self):
+        try:
+            for ext in self.extensions:
+                if not ext.sources:
+                    raise BuildError(
+                        f"extension {ext.name} has no sources (expected "
+                        f"csrc/python/*.c); the checkout is incomplete")
+            library = build_core()
+        except BuildError as exc:
+            sys.stderr.write(f"\nerror: {exc}\n\n")
+            raise SystemExit(1) from None
+        # The regular build tree (used for wheels) and, for editable and
+        # --inplace builds, the source package, which is what gets imported.
+        targets = [os.path.join(self.build_lib, PACKAGE)]
+        if self.inplace or getattr(self, "editable_mode", False):
+            targets.append(os.path.join(ROOT, PACKAGE))
+        for directory in targets:
+            os.makedirs(directory, exist_ok=True)
+            self._copy_if_changed(library, os.path.join(directory, CORE_LIBRARY))
+        # Relink against a new core, so that a symbol the core dropped
+        # fails here at build time rather than at import.
+        for ext in self.extensions:
+            if library not in ext.depends:
+                ext.depends.append(library)
+        super().run()
+
+    @staticmethod
+    def _copy_if_changed(src, dst):
+        # By content, not mtime: the copy may come from another build
+        # directory (DLSLIME_BUILD_DIR) with older timestamps.
+        if os.path.exists(dst) and filecmp.cmp(src, dst, shallow=False):
+            return
+        # Copy to a temporary name and rename, so that a process that has
+        # the old library mapped keeps a consistent file.
+        tmp = dst + ".tmp"
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+
+    def get_outputs(self):
+        outputs = super().get_outputs()
+        outputs.append(os.path.join(self.build_lib, PACKAGE, CORE_LIBRARY))
+        return outputs
+
+
+if sysconfig.get_platform().split("-")[0] != "linux":
+    sys.exit("dlslime-torch builds on Linux only")
+
+setup(
+    ext_modules=[dlslime_c_extension()],
+    cmdclass={"build_ext": BuildCoreThenExtensions},
+    # Keep setuptools' objects apart from the CMake tree in build/.
+    options={"build": {"build_base": os.path.join("build", "setuptools")}},
+)
