@@ -56,6 +56,7 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     list_init(&ctx->posted);
     list_init(&ctx->unexpected);
     list_init(&ctx->mrs);
+    list_init(&ctx->callbacks);
     ctx->epfd = ctx->pt_epfd = ctx->wakefd = ctx->tcp_listen_fd = ctx->shm_listen_fd = ctx->mr_fd = -1;
     do ctx->id = random_u64(); while (ctx->id == 0);
     ctx->force = force;
@@ -140,6 +141,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
         mr->ctx = NULL; /* the caller may still deregister (free) it */
     }
     pthread_mutex_unlock(&ctx->lock);
+    run_callbacks(ctx); /* the progress thread is gone: the last ones here */
     atomic_store(&ctx->closed, true);
     /* threads still inside a wait see closed (or their request failed) and
      * leave within one sleep slice; free nothing they may touch before */

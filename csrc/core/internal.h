@@ -55,6 +55,10 @@ struct slime_req {
     slime_req_t *parent;
     size_t children_left;
     slime_status_t first_err;   /* batch: first child failure */
+    slime_req_cb_t cb;          /* slime_req_on_complete */
+    void *cb_arg;
+    slime_list_t cblink;        /* ctx->callbacks, waiting to be called */
+    bool cb_running;            /* its callback is being called now */
 };
 
 slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep);
@@ -277,6 +281,7 @@ struct slime_ctx {
     pthread_cond_t sleep_cond;  /* requests completed, endpoints changed */
     _Atomic int sleepers;
     size_t eager_tcp, eager_shm;
+    slime_list_t callbacks;     /* completed requests whose cb is due */
 };
 
 /* progress.c */
@@ -292,6 +297,8 @@ void ctx_kick(slime_ctx_t *ctx);
 /* Call after queueing work only the progress engine will finish. */
 void ctx_post_work(slime_ctx_t *ctx);
 void *progress_thread_main(void *arg);
+/* Runs due callbacks (progress thread only, ctx->lock not held). */
+void run_callbacks(slime_ctx_t *ctx);
 void epoll_update(slime_ctx_t *ctx, slime_ep_t *ep);
 
 /* token.c */

@@ -64,6 +64,7 @@ int progress_locked(slime_ctx_t *ctx) {
 /* Under ctx->lock: is there work no peer would wake us for? */
 static bool busy_locked(slime_ctx_t *ctx) {
     slime_list_t *pos;
+    if (!list_empty(&ctx->callbacks)) return true;
     for (pos = ctx->eps.next; pos != &ctx->eps; pos = pos->next) {
         slime_ep_t *ep = container_of(pos, slime_ep_t, link);
         if (ep->state != EP_UP) continue;
@@ -177,8 +178,10 @@ void *progress_thread_main(void *arg) {
     while (!atomic_load(&ctx->stop)) {
         pthread_mutex_lock(&ctx->lock);
         int did = progress_locked(ctx);
+        bool due = !list_empty(&ctx->callbacks);
         pthread_mutex_unlock(&ctx->lock);
-        if (did) { idle_since = now_ns(); continue; }
+        if (due) run_callbacks(ctx);
+        if (did || due) { idle_since = now_ns(); continue; }
         if (atomic_load(&ctx->spinners) == 0 && now_ns() - idle_since < PT_SPIN_NS) { cpu_relax(); continue; }
         atomic_fetch_sub(&ctx->mr_table->polling, 1);
         atomic_store(&ctx->pt_asleep, true); /* before the look, see ctx_post_work */

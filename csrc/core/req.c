@@ -16,6 +16,7 @@ slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep) {
     atomic_init(&r->state, SLIME_INPROGRESS);
     list_init(&r->qlink);
     list_init(&r->eplink);
+    list_init(&r->cblink);
     return r;
 }
 
@@ -87,8 +88,13 @@ void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
         }
     }
     bool detached = req->detached;
+    if (req->cb) {
+        /* run by the progress thread, outside the lock */
+        list_push_back(&ctx->callbacks, &req->cblink);
+        ctx_post_work(ctx);
+    }
     atomic_store(&req->state, st);
-    if (detached) req_destroy(req);
+    if (detached && !req->cb) req_destroy(req); /* else after its callback */
     if (parent && --parent->children_left == 0) req_complete(parent, parent->first_err, NULL);
     ctx_wake_sleepers(ctx);
 }
@@ -192,6 +198,21 @@ slime_status_t slime_req_cancel(slime_req_t *req) {
 
 void slime_req_free(slime_req_t *req) {
     if (!req) return;
+    if (req->cb) {
+        /* its callback may still be due: the progress thread frees it */
+        slime_ctx_t *ctx = req->ctx;
+        pthread_mutex_lock(&ctx->lock);
+        bool due = !req_done(req) || list_linked(&req->cblink) || req->cb_running;
+        if (due && !req_done(req)) cancel_locked(req);
+        if (due && (!req_done(req) || list_linked(&req->cblink) || req->cb_running)) {
+            req->detached = true;
+            pthread_mutex_unlock(&ctx->lock);
+            return;
+        }
+        pthread_mutex_unlock(&ctx->lock);
+        req_destroy(req);
+        return;
+    }
     if (!req_done(req)) {
         slime_ctx_t *ctx = req->ctx;
         pthread_mutex_lock(&ctx->lock);
@@ -212,3 +233,46 @@ const char *slime_req_error(const slime_req_t *req) {
 size_t slime_req_bytes(const slime_req_t *req) { return req ? req->bytes : 0; }
 uint32_t slime_req_imm(const slime_req_t *req) { return req ? req->imm : 0; }
 slime_ep_t *slime_req_ep(const slime_req_t *req) { return req ? req->ep : NULL; }
+
+slime_status_t slime_req_on_complete(slime_req_t *req, slime_req_cb_t cb, void *arg) {
+    if (!req || !cb) return slime_errorf(SLIME_ERR_INVAL, "req_on_complete: NULL argument");
+    slime_ctx_t *ctx = req->ctx;
+    bool now = false;
+    if (!req_done(req)) {
+        pthread_mutex_lock(&ctx->lock);
+        if (req->cb) {
+            pthread_mutex_unlock(&ctx->lock);
+            return slime_errorf(SLIME_ERR_BUSY, "req_on_complete: the request has a callback already");
+        }
+        now = req_done(req);
+        if (!now) {
+            req->cb = cb;
+            req->cb_arg = arg;
+        }
+        pthread_mutex_unlock(&ctx->lock);
+    } else {
+        now = true;
+    }
+    if (now) cb(req, arg);
+    return SLIME_OK;
+}
+
+void run_callbacks(slime_ctx_t *ctx) {
+    for (;;) {
+        pthread_mutex_lock(&ctx->lock);
+        slime_req_t *r = list_first(&ctx->callbacks, slime_req_t, cblink);
+        if (r) {
+            list_del(&r->cblink);
+            r->cb_running = true;
+        }
+        pthread_mutex_unlock(&ctx->lock);
+        if (!r) return;
+        r->cb(r, r->cb_arg);
+        pthread_mutex_lock(&ctx->lock);
+        bool detached = r->detached;
+        r->cb = NULL; /* ran: slime_req_free may free it outright now */
+        r->cb_running = false;
+        pthread_mutex_unlock(&ctx->lock);
+        if (detached) req_destroy(r);
+    }
+}

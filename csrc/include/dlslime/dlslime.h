@@ -313,6 +313,15 @@ SLIME_API slime_ep_t *slime_req_ep(const slime_req_t *req);
  * it is freed when it completes. */
 SLIME_API void slime_req_free(slime_req_t *req);
 
+/* Calls cb(req, arg) once req has completed: at once in the calling
+ * thread if it already has, else later in the context's progress thread
+ * (never under a library lock, so cb may call the library; it should be
+ * short).  One callback per request; the request must not be freed
+ * before the callback ran.  For futures (torch's Work.get_future). */
+typedef void (*slime_req_cb_t)(slime_req_t *req, void *arg);
+SLIME_API slime_status_t slime_req_on_complete(slime_req_t *req,
+                                               slime_req_cb_t cb, void *arg);
+
 
 /* ------------------------------------------------------------------ */
 /* Communicators and collectives                                      */
