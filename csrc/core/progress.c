@@ -7,6 +7,7 @@
  * `polling` count in our shared table). */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdint.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 
 #define PT_SPIN_NS 5000ull       /* progress thread: spin this long idle */
 #define WAIT_SPIN_NS 200000ull   /* a waiter: spin this long without news */
+#define YIELD_AFTER_NS 20000ull  /* ...yielding the core after this long */
 #define GRACE_NS 100000ull       /* see mr_shared_t.grace_until */
 #define SHORT_SLEEP_MS 1         /* the progress thread's nap during grace */
 #define STANDBY_MS 10            /* ...its sleep while a waiter spins */
@@ -144,7 +146,10 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         uint64_t t = now_ns();
         if (t >= deadline || atomic_load(&ctx->closed)) { timed_out = true; break; }
         if (t - last > WAIT_SPIN_NS) break;
-        for (int i = 0; i < 8; i++) cpu_relax();
+        /* past a short spin, let whoever else wants this core run: on an
+         * oversubscribed machine that is often the very peer we wait for */
+        if (t - last > YIELD_AFTER_NS) sched_yield();
+        else for (int i = 0; i < 8; i++) cpu_relax();
     }
     waiter_leave(ctx);
     if (ok || timed_out) return ok || done(arg);

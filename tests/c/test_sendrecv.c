@@ -78,8 +78,11 @@ static void case_sizes_recv_first(h_rank_t *r)
     sizes(r, true);
 }
 
-/* The default eager limit of both transports (see slime_send). */
-#define EAGER_LIMIT (64u * 1024u)
+/* The default eager limits (see slime_send). */
+static size_t eager_limit(void)
+{
+    return strcmp(h_transport(), "tcp") == 0 ? 256 * H_KIB : 64 * H_KIB;
+}
 
 static void case_sizes_recv_after(h_rank_t *r)
 {
@@ -88,8 +91,8 @@ static void case_sizes_recv_after(h_rank_t *r)
 
 /* A message longer than the receive buffer fails the receive, leaves the
  * bytes past the buffer alone, and the endpoint keeps working.  The send
- * fails too when the message went by rendezvous (above the eager limit,
- * 64 KiB by default); an eager send has completed already, as in MPI. */
+ * fails too when the message went by rendezvous (above the eager limit:
+ * 64 KiB on shm, 256 KiB on tcp); an eager send has completed already. */
 static void truncated(h_rank_t *r, size_t len, size_t cap, uint64_t tag,
                       bool recv_first)
 {
@@ -105,7 +108,7 @@ static void truncated(h_rank_t *r, size_t len, size_t cap, uint64_t tag,
         H_CHECK_OK(slime_send(ep, buf, len, tag, &req));
         if (!recv_first)
             h_ctl_send_u64(r, peer, 1);
-        H_WAIT_FREE(req, len > EAGER_LIMIT ? SLIME_ERR_TRUNCATED : SLIME_OK);
+        H_WAIT_FREE(req, len > eager_limit() ? SLIME_ERR_TRUNCATED : SLIME_OK);
         free(buf);
     } else {
         uint8_t *buf = h_alloc(cap + GUARD);
