@@ -338,7 +338,35 @@ SLIME_API slime_status_t slime_req_on_complete(slime_req_t *req,
  * buffers may be used.  A lost member fails the pending and later
  * collectives with SLIME_ERR_PEER_LOST; a collective that is not complete
  * within the communicator's timeout fails with SLIME_ERR_TIMEOUT.
- * Buffers must not overlap unless an operation says it works in place. */
+ * Buffers must not overlap unless an operation says it works in place.
+ *
+ * A failed collective breaks the communicator, as in NCCL or Gloo: its
+ * request fails with the cause and a detail naming the collective, the
+ * step and the peer rank; the rank tells the other members, whose
+ * pending collectives fail with the same status; every later collective
+ * on it fails at once.  Create a new communicator to go on.  After a
+ * failure, a send to a peer that is still alive may read its buffer for
+ * up to half a second more (then it is abandoned).
+ *
+ * Arguments are checked before anything is posted: a bad one returns
+ * SLIME_ERR_INVAL (SLIME_ERR_UNSUPPORTED for an op that does not apply
+ * to the dtype) at once, *out stays NULL and the collective does not
+ * count in the sequence.  Sizes must agree between ranks; a mismatch
+ * seen by a receiver fails the collective with SLIME_ERR_INVAL (or
+ * SLIME_ERR_TRUNCATED).
+ *
+ * Reductions follow torch: integers wrap, MIN/MAX propagate NaN, bool
+ * SUM/MAX are logical or and PROD/MIN logical and, float16/bfloat16
+ * combine in float and round to nearest even at each step.  Every rank
+ * of an allreduce gets the very same bits.
+ *
+ * Tuning, from the environment; the first three must be the same on
+ * every rank: $DLSLIME_COLL_SMALL (bytes up to which allreduce, reduce
+ * and broadcast use latency-optimal trees, 64K), $DLSLIME_COLL_CHUNK
+ * (pipeline chunk of the ring and chain algorithms, 512K),
+ * $DLSLIME_COLL_CMA_MIN (ring buffers from which shm neighbours copy
+ * chunks straight out of each other's memory, 4M); DLSLIME_COLL_CMA=0
+ * turns those one-sided copies off. */
 
 typedef struct slime_comm slime_comm_t;
 
@@ -383,12 +411,17 @@ SLIME_API slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id,
                                            slime_ep_t *const *peers,
                                            int64_t timeout_ms,
                                            slime_comm_t **out);
-/* Fails what is still queued with SLIME_ERR_CLOSED, stops the worker and
- * frees the communicator (its endpoints stay with the context). */
+/* Fails what is still queued with SLIME_ERR_CLOSED (a collective that is
+ * running gives up within moments, with SLIME_ERR_CLOSED too), stops the
+ * worker and frees the communicator (its endpoints stay with the
+ * context).  Destroy every communicator before its context. */
 SLIME_API void slime_comm_destroy(slime_comm_t *comm);
 SLIME_API int slime_comm_rank(const slime_comm_t *comm);
 SLIME_API int slime_comm_size(const slime_comm_t *comm);
-SLIME_API void slime_comm_set_timeout(slime_comm_t *comm, int64_t timeout_ms);
+/* Applies to collectives that start after the call.  SLIME_ERR_INVAL
+ * for a negative timeout (the old one stays). */
+SLIME_API slime_status_t slime_comm_set_timeout(slime_comm_t *comm,
+                                                int64_t timeout_ms);
 
 /* Point-to-point in the communicator's tag space (tag: low 47 bits).
  * peer may be SLIME_ANY_SOURCE for a receive; slime_comm_req_source

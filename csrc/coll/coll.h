@@ -1,0 +1,225 @@
+/* Communicators and collectives: the objects shared by csrc/coll/.
+ *
+ * A communicator owns one worker thread that runs its collectives one at
+ * a time, in post order.  Everything a collective sends travels with the
+ * public send/recv API in the communicator's tag space:
+ *
+ *   bits 63..48  comm id
+ *   bit  47      1: collective traffic, 0: slime_comm_send/recv
+ *   bits 46..23  (collective) sequence number of the collective
+ *   bits 22..0   (collective) step of its algorithm
+ *
+ * Step values stop one short of all ones: the tag whose low 47 bits are
+ * all ones carries abort notices (abort.c). */
+#ifndef SLIME_COLL_H
+#define SLIME_COLL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/internal.h"
+
+#define COLL_FLAG (1ull << 47)
+#define COLL_SEQ_BITS 24
+#define COLL_STEP_BITS 23
+#define COLL_STEP_LIMIT ((1u << COLL_STEP_BITS) - 1) /* steps wrap below it */
+#define COLL_USER_TAG_MAX ((1ull << 47) - 1)
+
+/* What a failing rank tells the others (abort.c). */
+typedef struct abort_msg {
+    int32_t status;
+    int32_t rank;
+    char text[504];
+} abort_msg_t;
+
+struct coll_op;
+
+struct slime_comm {
+    slime_ctx_t *ctx;
+    uint32_t id;
+    int rank, size;
+    slime_ep_t **peers;             /* peers[rank] == NULL */
+    _Atomic int64_t timeout_ms;
+
+    /* mu guards the queue, the worker's life and the broken state */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    slime_list_t queue;             /* coll_op_t, in post order */
+    uint64_t next_seq;
+    bool worker_started, stopping;
+    pthread_t worker;
+    slime_status_t broken;          /* SLIME_OK until a collective fails */
+    char broken_text[512];
+    /* destroy has begun: the running collective gives up at once */
+    _Atomic bool closing;
+
+    /* the abort channel: one receive from any member, posted at create */
+    slime_req_t *abort_req;
+    abort_msg_t abort_in;
+    /* notices this rank sent; they must outlive their sends */
+    abort_msg_t *abort_out;
+    slime_req_t **abort_sends;      /* size entries */
+
+    /* the worker's alone */
+    void *scratch;
+    size_t scratch_cap;
+    void *rma_scratch;
+    size_t rma_scratch_cap;
+    slime_mr_t *rma_scratch_mr;
+};
+
+/* One queued collective: its arguments, copied at post time. */
+typedef struct coll_op coll_op_t;
+typedef struct coll_run coll_run_t;
+typedef bool (*coll_exec_fn)(coll_run_t *run, const coll_op_t *op);
+
+struct coll_op {
+    slime_list_t link;
+    coll_exec_fn exec;
+    const char *name;
+    slime_req_t *req;
+    uint64_t seq;
+    char what[160];                 /* "allreduce #3 (1000 x float32, sum)" */
+    bool typed;                     /* count / dtype / redop describe it */
+    /* arguments, as each collective uses them */
+    void *buf;
+    const void *src;
+    void *dst;
+    size_t count;                   /* elements */
+    size_t bytes;
+    slime_dtype_t dtype;
+    slime_redop_t redop;
+    int root;
+    size_t *v;                      /* alltoallv: 4 * size entries, owned */
+};
+
+/* ---- comm.c ---- */
+static inline uint64_t comm_user_tag(const slime_comm_t *c, uint64_t tag) {
+    return (uint64_t)c->id << 48 | tag;
+}
+static inline uint64_t comm_coll_tag(const slime_comm_t *c, uint64_t seq, uint32_t step) {
+    return (uint64_t)c->id << 48 | COLL_FLAG |
+           (seq & ((1ull << COLL_SEQ_BITS) - 1)) << COLL_STEP_BITS | (step % COLL_STEP_LIMIT);
+}
+static inline uint64_t comm_abort_tag(const slime_comm_t *c) {
+    return (uint64_t)c->id << 48 | COLL_FLAG | COLL_USER_TAG_MAX;
+}
+/* The rank whose endpoint is ep, or -1. */
+int comm_rank_of(const slime_comm_t *comm, const slime_ep_t *ep);
+/* A scratch area of at least len bytes owned by the worker (cached). */
+void *comm_scratch(slime_comm_t *comm, size_t len);
+/* Another one, registered for one-sided reads into it (cached); NULL if
+ * it cannot be had. */
+void *comm_rma_scratch(slime_comm_t *comm, size_t len, slime_mr_t **mr);
+
+/* ---- worker.c ---- */
+/* Checks the common arguments (comm, out) and the root if root_used. */
+slime_status_t coll_check(const slime_comm_t *comm, slime_req_t **out, const char *name,
+                          bool root_used, int root);
+/* Takes a filled template (exec, name, args), queues a copy and hands
+ * back its request.  *v ownership passes to the queue, also on failure. */
+slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t **out);
+void coll_worker_stop(slime_comm_t *comm);
+
+/* ---- abort.c ---- */
+slime_status_t abort_channel_open(slime_comm_t *comm);
+void abort_channel_close(slime_comm_t *comm);
+/* Non-zero status (and its text) if a member's abort notice arrived. */
+slime_status_t abort_received(slime_comm_t *comm, char *text, size_t len);
+/* Tells every reachable member this rank failed. */
+void abort_broadcast(slime_comm_t *comm, slime_status_t st, const char *text);
+
+/* ---- exchange.c: the messages of the collective being run ---- */
+typedef struct xfer {
+    slime_req_t *req;               /* NULL: slot free */
+    int peer;
+    uint32_t step;
+    bool is_recv;
+    bool is_read;                   /* a one-sided read from peer */
+    size_t expect;                  /* receives: the bytes it must get */
+} xfer_t;
+
+struct coll_run {
+    slime_comm_t *comm;
+    const coll_op_t *op;
+    uint64_t deadline_ns;
+    int64_t timeout_ms;
+    const char *phase;              /* the algorithm's current part */
+    xfer_t *x;
+    size_t nx, cap;                 /* slots in use up to nx */
+    slime_status_t status;
+    char detail[1024];
+};
+
+void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op);
+/* Post one message of this collective; a handle, or -1 once failed. */
+int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
+int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len);
+/* One-sided: len bytes of peer's region `remote` at roff into local at off. */
+int run_read(coll_run_t *r, int peer, uint32_t step, slime_mr_t *local, size_t off,
+             const slime_mr_desc_t *remote, size_t roff, size_t len);
+/* Waits for the given handles (frees them) until the deadline; returns
+ * false as soon as any message of the run fails, the deadline passes, a
+ * member aborts or the communicator is destroyed. */
+bool run_wait(coll_run_t *r, const int *h, size_t n);
+static inline bool run_wait_one(coll_run_t *r, int h) { return run_wait(r, &h, 1); }
+bool run_wait_all(coll_run_t *r);
+/* Without waiting: frees h if it completed well; true if it did. */
+bool run_test(coll_run_t *r, int h);
+/* recv from `from` and send to `to` at once, then wait for both. */
+bool run_exchange(coll_run_t *r, int to, const void *sbuf, size_t slen, int from, void *rbuf,
+                  size_t rlen, uint32_t step);
+/* Records a failure found by the algorithm itself. */
+bool run_fail(coll_run_t *r, slime_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Releases every message still outstanding (after a failure: cancels
+ * receives, gives sends a short grace, then detaches them). */
+void run_release(coll_run_t *r);
+static inline bool run_ok(const coll_run_t *r) { return r->status == SLIME_OK; }
+
+/* ---- ring.c: the pipelined ring over n blocks of one buffer ---- */
+enum ring_mode {
+    RING_INPLACE,                   /* blocks of buf: reduce steps, then copy steps */
+    RING_FROM_SRC,                  /* reduce_scatter: const src blocks, result to dst */
+};
+
+typedef struct ring_plan {
+    enum ring_mode mode;
+    uint8_t *buf;                   /* INPLACE: the blocks */
+    const uint8_t *src;             /* FROM_SRC: the blocks */
+    uint8_t *dst;                   /* FROM_SRC: this rank's result block */
+    size_t total;                   /* elements over all blocks */
+    size_t esize;
+    slime_dtype_t dtype;            /* reduce steps only */
+    slime_redop_t redop;
+    int shift;                      /* step s sends block rank + shift - s */
+    int steps;                      /* how many steps */
+    int reduce_steps;               /* the first ones reduce, the rest copy */
+    bool avg;                       /* divide the block finished at the last reduce step */
+} ring_plan_t;
+
+bool ring_run(coll_run_t *r, const ring_plan_t *p);
+/* Block b's range (elements) under plan p. */
+void ring_block(const ring_plan_t *p, int n, int b, size_t *off, size_t *len);
+
+/* ---- tuning (worker.c) ---- */
+size_t coll_chunk_bytes(void);      /* pipeline unit; $DLSLIME_COLL_CHUNK */
+size_t coll_small_bytes(void);      /* latency algorithms up to this; $DLSLIME_COLL_SMALL */
+/* In-place rings of at least this many bytes may move chunks by
+ * one-sided reads, in chunks twice as large; $DLSLIME_COLL_CMA_MIN.
+ * These knobs must be the same on every rank. */
+size_t coll_cma_min_bytes(void);
+
+/* ---- dtype.c ---- */
+const char *dtype_name(slime_dtype_t dt);
+const char *redop_name(slime_redop_t op);
+/* Checks dtype and op for a reducing collective (INVAL / UNSUPPORTED). */
+slime_status_t coll_check_reduce(const char *name, slime_dtype_t dt, slime_redop_t op);
+
+/* ---- the collectives' bodies ---- */
+static inline int mod_rank(int x, int n) { return ((x % n) + n) % n; }
+
+#endif

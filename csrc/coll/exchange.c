@@ -1,0 +1,266 @@
+/* The messages of the collective the worker is running: posted in the
+ * communicator's tag space under the collective's sequence number,
+ * waited for against the collective's deadline, and on failure cleaned
+ * up so that nothing is left writing into the caller's buffers. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/coll.h"
+
+/* After a failure, how long sends to live peers and receives already
+ * moving data get to finish before they are detached. */
+#define RELEASE_GRACE_MS 500
+
+void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op) {
+    memset(r, 0, sizeof *r);
+    r->comm = comm;
+    r->op = op;
+    r->timeout_ms = atomic_load(&comm->timeout_ms);
+    uint64_t t = now_ns();
+    /* a timeout of centuries means "no deadline", not an overflow */
+    r->deadline_ns = (uint64_t)r->timeout_ms >= (UINT64_MAX - t) / 1000000ull
+                         ? UINT64_MAX
+                         : t + (uint64_t)r->timeout_ms * 1000000ull;
+    r->phase = op->name;
+    r->status = SLIME_OK;
+}
+
+static bool vfail(coll_run_t *r, slime_status_t st, const char *fmt, va_list ap) {
+    if (r->status != SLIME_OK) return false; /* the first cause is the one to tell */
+    char why[800];
+    vsnprintf(why, sizeof why, fmt, ap);
+    r->status = st;
+    snprintf(r->detail, sizeof r->detail, "%s: %s", r->op->what, why);
+    return false;
+}
+
+bool run_fail(coll_run_t *r, slime_status_t st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(r, st, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static bool fail_at(coll_run_t *r, slime_status_t st, const xfer_t *x, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static bool fail_at(coll_run_t *r, slime_status_t st, const xfer_t *x, const char *fmt, ...) {
+    char why[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    /* the last steps name messages outside the algorithm's rounds */
+    static const char *const last[] = {"to-root", "link set-up", "end-of-reads"};
+    char step[32];
+    uint32_t from_top = COLL_STEP_LIMIT - 1 - x->step;
+    if (from_top < 3)
+        snprintf(step, sizeof step, "%s", last[from_top]);
+    else
+        snprintf(step, sizeof step, "%u", x->step);
+    return run_fail(r, st, "%s step %s: %s rank %d: %s", r->phase, step,
+                    x->is_read ? "read from" : x->is_recv ? "recv from" : "send to", x->peer, why);
+}
+
+static int slot_new(coll_run_t *r) {
+    for (size_t i = 0; i < r->nx; i++)
+        if (!r->x[i].req) return (int)i;
+    if (r->nx == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 16;
+        xfer_t *x = realloc(r->x, cap * sizeof *x);
+        if (!x) return -1;
+        r->x = x;
+        r->cap = cap;
+    }
+    r->x[r->nx].req = NULL;
+    return (int)r->nx++;
+}
+
+static void slot_free(coll_run_t *r, int h) {
+    slime_req_free(r->x[h].req);
+    r->x[h].req = NULL;
+    while (r->nx > 0 && !r->x[r->nx - 1].req) r->nx--;
+}
+
+static int post(coll_run_t *r, bool is_recv, int peer, uint32_t step, void *buf, size_t len) {
+    if (!run_ok(r)) return -1;
+    int h = slot_new(r);
+    if (h < 0) {
+        run_fail(r, SLIME_ERR_NOMEM, "%s step %u: out of memory", r->phase, step);
+        return -1;
+    }
+    xfer_t *x = &r->x[h];
+    x->peer = peer;
+    x->step = step;
+    x->is_recv = is_recv;
+    x->is_read = false;
+    x->expect = len;
+    slime_comm_t *c = r->comm;
+    uint64_t tag = comm_coll_tag(c, r->op->seq, step);
+    slime_status_t st = is_recv ? slime_recv(c->peers[peer], buf, len, tag, &x->req)
+                                : slime_send(c->peers[peer], buf, len, tag, &x->req);
+    if (st != SLIME_OK) {
+        x->req = NULL;
+        fail_at(r, st, x, "%s", slime_last_error());
+        return -1;
+    }
+    return h;
+}
+
+int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
+    return post(r, false, peer, step, (void *)buf, len);
+}
+
+int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len) {
+    return post(r, true, peer, step, buf, len);
+}
+
+int run_read(coll_run_t *r, int peer, uint32_t step, slime_mr_t *local, size_t off,
+             const slime_mr_desc_t *remote, size_t roff, size_t len) {
+    if (!run_ok(r)) return -1;
+    int h = slot_new(r);
+    if (h < 0) {
+        run_fail(r, SLIME_ERR_NOMEM, "%s step %u: out of memory", r->phase, step);
+        return -1;
+    }
+    xfer_t *x = &r->x[h];
+    x->peer = peer;
+    x->step = step;
+    x->is_recv = true; /* it writes into our memory: never detach it early */
+    x->is_read = true;
+    x->expect = len;
+    slime_status_t st = slime_read(r->comm->peers[peer], local, off, remote, roff, len, &x->req);
+    if (st != SLIME_OK) {
+        x->req = NULL;
+        fail_at(r, st, x, "%s", slime_last_error());
+        return -1;
+    }
+    return h;
+}
+
+static bool req_failed(const slime_req_t *q) {
+    return req_done(q) && atomic_load_explicit(&q->state, memory_order_acquire) != SLIME_OK;
+}
+
+typedef struct wait_arg {
+    coll_run_t *r;
+    const int *h;
+    size_t n, next;
+} wait_arg_t;
+
+/* Done when every wanted message is, or when waiting on is pointless:
+ * any message of the run failed, a member aborted, or destroy began. */
+static bool wait_pred(void *arg) {
+    wait_arg_t *a = arg;
+    coll_run_t *r = a->r;
+    while (a->next < a->n && req_done(r->x[a->h[a->next]].req)) a->next++;
+    if (a->next == a->n) return true;
+    for (size_t i = 0; i < r->nx; i++)
+        if (r->x[i].req && req_failed(r->x[i].req)) return true;
+    if (atomic_load_explicit(&r->comm->closing, memory_order_relaxed)) return true;
+    slime_req_t *ab = r->comm->abort_req;
+    return ab && req_done(ab);
+}
+
+static bool check_failures(coll_run_t *r, const int *h, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        xfer_t *x = &r->x[h[i]];
+        if (req_failed(x->req)) return fail_at(r, atomic_load(&x->req->state), x, "%s", slime_req_error(x->req));
+    }
+    for (size_t i = 0; i < r->nx; i++) {
+        xfer_t *x = &r->x[i];
+        if (x->req && req_failed(x->req))
+            return fail_at(r, atomic_load(&x->req->state), x, "%s", slime_req_error(x->req));
+    }
+    if (atomic_load(&r->comm->closing))
+        return run_fail(r, SLIME_ERR_CLOSED, "%s: communicator destroyed while the collective ran", r->phase);
+    char text[600];
+    slime_status_t st = abort_received(r->comm, text, sizeof text);
+    if (st != SLIME_OK) return run_fail(r, st, "%s: %s", r->phase, text);
+    return true;
+}
+
+bool run_wait(coll_run_t *r, const int *h, size_t n) {
+    if (!run_ok(r)) return false;
+    for (size_t i = 0; i < n; i++)
+        if (h[i] < 0 || (size_t)h[i] >= r->nx || !r->x[h[i]].req)
+            return run_fail(r, SLIME_ERR_PROTOCOL, "%s: waiting on a message never posted", r->phase);
+    wait_arg_t a = {r, h, n, 0};
+    if (!wait_pred(&a)) ctx_wait_until(r->comm->ctx, wait_pred, &a, r->deadline_ns);
+    if (!check_failures(r, h, n)) return false;
+    for (size_t i = 0; i < n; i++) {
+        xfer_t *x = &r->x[h[i]];
+        if (!req_done(x->req))
+            return fail_at(r, SLIME_ERR_TIMEOUT, x, "timed out after %lld ms (the collective's timeout)",
+                           (long long)r->timeout_ms);
+    }
+    for (size_t i = 0; i < n; i++) {
+        xfer_t *x = &r->x[h[i]];
+        size_t got = x->is_recv && !x->is_read ? slime_req_bytes(x->req) : x->expect;
+        if (got != x->expect)
+            return fail_at(r, SLIME_ERR_INVAL, x,
+                           "got %zu bytes, expected %zu (do all ranks pass the same sizes?)", got, x->expect);
+    }
+    for (size_t i = 0; i < n; i++) slot_free(r, h[i]);
+    return true;
+}
+
+bool run_wait_all(coll_run_t *r) {
+    if (!run_ok(r)) return false;
+    size_t n = 0;
+    for (size_t i = 0; i < r->nx; i++)
+        if (r->x[i].req) n++;
+    if (n == 0) return true;
+    int stack[64];
+    int *h = n <= 64 ? stack : malloc(n * sizeof *h);
+    if (!h) return run_fail(r, SLIME_ERR_NOMEM, "%s: out of memory", r->phase);
+    n = 0;
+    for (size_t i = 0; i < r->nx; i++)
+        if (r->x[i].req) h[n++] = (int)i;
+    bool ok = run_wait(r, h, n);
+    if (h != stack) free(h);
+    return ok;
+}
+
+bool run_test(coll_run_t *r, int h) {
+    if (!run_ok(r) || h < 0 || (size_t)h >= r->nx) return false;
+    xfer_t *x = &r->x[h];
+    if (!x->req || !req_done(x->req) || req_failed(x->req)) return false;
+    if (x->is_recv && !x->is_read && slime_req_bytes(x->req) != x->expect) return false; /* run_wait tells */
+    slot_free(r, h);
+    return true;
+}
+
+bool run_exchange(coll_run_t *r, int to, const void *sbuf, size_t slen, int from, void *rbuf,
+                  size_t rlen, uint32_t step) {
+    int h[2];
+    h[0] = run_recv(r, from, step, rbuf, rlen);
+    h[1] = run_send(r, to, step, sbuf, slen);
+    return run_ok(r) && run_wait(r, h, 2);
+}
+
+static bool all_done_pred(void *arg) {
+    coll_run_t *r = arg;
+    for (size_t i = 0; i < r->nx; i++)
+        if (r->x[i].req && !req_done(r->x[i].req)) return false;
+    return true;
+}
+
+void run_release(coll_run_t *r) {
+    bool pending = false;
+    for (size_t i = 0; i < r->nx; i++) {
+        xfer_t *x = &r->x[i];
+        if (!x->req || req_done(x->req)) continue;
+        if (x->is_recv && slime_req_cancel(x->req) == SLIME_OK) continue;
+        pending = true;
+    }
+    if (pending)
+        ctx_wait_until(r->comm->ctx, all_done_pred, r, now_ns() + (uint64_t)RELEASE_GRACE_MS * 1000000ull);
+    for (size_t i = 0; i < r->nx; i++)
+        if (r->x[i].req) slime_req_free(r->x[i].req); /* detaches what is still pending */
+    free(r->x);
+    r->x = NULL;
+    r->nx = r->cap = 0;
+}

@@ -1,0 +1,329 @@
+/* The pipelined ring: the blocks of a buffer travel around the ranks in
+ * chunks.  At step s every rank sends block (rank + shift - s) to its
+ * right neighbour and receives block (rank + shift - s - 1) from its left
+ * one; the first reduce_steps steps combine what arrives with the local
+ * block (reduce-scatter), the rest copy it into place (allgather).  A
+ * chunk is forwarded as soon as it is ready, so a chunk is reduced while
+ * the next ones are on the wire: receives are posted `window` chunks
+ * ahead, each reduce step's chunk landing in a scratch slot of its own.
+ *
+ * A link between neighbours on one host (shm) can go by one-sided reads
+ * instead (in-place plans): the sender registers its buffer, announces
+ * each chunk that is ready with an empty message, and the receiver
+ * copies it straight out of the sender's buffer (one copy, by CMA,
+ * instead of one into the shared ring and one out of it).  The sender of
+ * a link chooses and says so first (link_hello_t), so both ends always
+ * agree; DLSLIME_COLL_CMA=0 turns it off.  Measured on two cores, reads
+ * pay from a few MiB up (below, the extra notices cost more than the
+ * copy they save), see coll_cma_min_bytes().
+ *
+ * A chunk may be overwritten by the next step's data only after its
+ * reader is done with it.  That holds by causality: the value that will
+ * overwrite it can only exist after the reader combined (or copied) it.
+ *
+ * Tags: chunk c of step s is step s * kmax + c, kmax being the chunk
+ * count of the largest block; both neighbours compute the same. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/coll.h"
+#include "coll/reduce_kernels.h"
+
+#define RING_WINDOW 4
+/* steps of the link set-up messages, above every chunk's (modulo the
+ * step space: messages of one tag between a pair match in order) */
+#define STEP_HELLO (COLL_STEP_LIMIT - 2)
+#define STEP_DONE (COLL_STEP_LIMIT - 3)
+
+typedef struct link_hello {
+    uint32_t by_read;               /* 1: the receiver reads, desc names the buffer */
+    uint32_t pad;
+    slime_mr_desc_t desc;
+} link_hello_t;
+
+void ring_block(const ring_plan_t *p, int n, int b, size_t *off, size_t *len) {
+    size_t base = p->total / (size_t)n, rem = p->total % (size_t)n, ub = (size_t)b;
+    *len = base + (ub < rem ? 1 : 0);
+    *off = ub * base + (ub < rem ? ub : rem);
+}
+
+typedef struct ring_state {
+    coll_run_t *r;
+    const ring_plan_t *p;
+    int n, rank, left, right;
+    size_t ce;                      /* elements per chunk */
+    size_t kmax;
+    uint8_t *slots;                 /* window * ce * esize */
+    int *sends;                     /* sends not yet reaped, in post order */
+    size_t nsends, sends_head;
+    int *dst_send;                  /* FROM_SRC: per chunk, a send still reading dst */
+    /* one-sided links */
+    bool read_in, read_out;         /* we read from left / right reads from us */
+    slime_mr_t *buf_mr, *slots_mr;
+    link_hello_t hello_in, hello_out;
+    int reads[RING_WINDOW];         /* the read of each window unit, or -1 */
+    size_t read_next;               /* first unit whose read is not posted */
+    int done_h;                     /* right's "finished reading us" */
+} ring_state_t;
+
+static int send_block(const ring_state_t *g, int s) { return mod_rank(g->rank + g->p->shift - s, g->n); }
+static int recv_block(const ring_state_t *g, int s) { return send_block(g, s + 1); }
+
+static size_t chunks_of(const ring_state_t *g, int b) {
+    size_t off, len;
+    ring_block(g->p, g->n, b, &off, &len);
+    return (len + g->ce - 1) / g->ce;
+}
+
+/* Chunk c of block b: its first element and length. */
+static void chunk_of(const ring_state_t *g, int b, size_t c, size_t *first, size_t *len) {
+    size_t off, blen;
+    ring_block(g->p, g->n, b, &off, &blen);
+    *first = off + c * g->ce;
+    *len = blen - c * g->ce < g->ce ? blen - c * g->ce : g->ce;
+}
+
+static uint32_t unit_step(const ring_state_t *g, int s, size_t c) {
+    return (uint32_t)(((uint64_t)s * g->kmax + c) % COLL_STEP_LIMIT);
+}
+
+/* Frees the sends that completed, oldest first. */
+static void reap_sends(ring_state_t *g) {
+    while (g->sends_head < g->nsends && run_test(g->r, g->sends[g->sends_head])) g->sends_head++;
+}
+
+/* Passes chunk c of step s on: the bytes, or (read link) a notice. */
+static bool send_tracked(ring_state_t *g, int s, size_t c, const void *data, size_t len) {
+    int h = g->read_out ? run_send(g->r, g->right, unit_step(g, s, c), NULL, 0)
+                        : run_send(g->r, g->right, unit_step(g, s, c), data, len * g->p->esize);
+    if (h < 0) return false;
+    g->sends[g->nsends++] = h;
+    return true;
+}
+
+static uint8_t *slot_of(const ring_state_t *g, size_t unit) {
+    return g->slots + (unit % RING_WINDOW) * g->ce * g->p->esize;
+}
+
+/* Where the chunk of step s lands: a scratch slot, or its place in buf. */
+static uint8_t *recv_target(const ring_state_t *g, int s, size_t c, size_t unit) {
+    const ring_plan_t *p = g->p;
+    if (s < p->reduce_steps) return slot_of(g, unit);
+    size_t first, len;
+    chunk_of(g, recv_block(g, s), c, &first, &len);
+    return p->buf + first * p->esize;
+}
+
+/* The chunk of step s arrived: combine or keep it, then pass it on. */
+static bool ring_process(ring_state_t *g, int s, size_t c, size_t unit) {
+    const ring_plan_t *p = g->p;
+    coll_run_t *r = g->r;
+    int b = recv_block(g, s);
+    size_t first, len;
+    chunk_of(g, b, c, &first, &len);
+    const size_t es = p->esize;
+    bool last_reduce = s == p->reduce_steps - 1;
+    if (p->mode == RING_FROM_SRC) {
+        /* partial sums are staged in dst (exactly one block), chunk c at
+         * c * ce; the send of the previous step's partial must be done
+         * before its chunk is overwritten.  That send went to the right
+         * neighbour one step ago, so this wait never forms a cycle */
+        uint8_t *out = p->dst + c * g->ce * es;
+        if (g->dst_send[c] >= 0) {
+            if (!run_wait_one(r, g->dst_send[c])) return false;
+            g->dst_send[c] = -1;
+        }
+        red_combine(p->dtype, p->redop, out, slot_of(g, unit), p->src + first * es, len);
+        if (last_reduce) {
+            if (p->avg) red_divide(p->dtype, out, len, g->n);
+            return true;
+        }
+        g->dst_send[c] = run_send(r, g->right, unit_step(g, s + 1, c), out, len * es);
+        return g->dst_send[c] >= 0;
+    }
+    uint8_t *region = p->buf + first * es;
+    if (s < p->reduce_steps) {
+        red_accumulate(p->dtype, p->redop, region, slot_of(g, unit), len);
+        if (last_reduce && p->avg) red_divide(p->dtype, region, len, g->n);
+    }
+    if (s + 1 < p->steps) return send_tracked(g, s + 1, c, region, len);
+    return true;
+}
+
+/* ---- one-sided links ---- */
+
+static bool link_is_shm(const ring_state_t *g, int peer) {
+    const char *t = slime_ep_transport(g->r->comm->peers[peer]);
+    return t && strcmp(t, "shm") == 0;
+}
+
+static bool cma_allowed(void) {
+    const char *v = getenv("DLSLIME_COLL_CMA");
+    return !(v && v[0] == '0');
+}
+
+/* Agrees with both neighbours on how each link moves chunks. */
+static bool links_setup(ring_state_t *g) {
+    const ring_plan_t *p = g->p;
+    coll_run_t *r = g->r;
+    g->done_h = -1;
+    for (int k = 0; k < RING_WINDOW; k++) g->reads[k] = -1;
+    if (p->mode != RING_INPLACE) return true; /* both ends know: no reads */
+    size_t bytes = p->total * p->esize;
+    if (bytes >= coll_cma_min_bytes() && cma_allowed() && link_is_shm(g, g->right) &&
+        slime_mr_reg(r->comm->ctx, p->buf, bytes, SLIME_ACCESS_REMOTE_READ, &g->buf_mr) == SLIME_OK &&
+        slime_mr_desc(g->buf_mr, &g->hello_out.desc) == SLIME_OK)
+        g->hello_out.by_read = 1;
+    g->read_out = g->hello_out.by_read == 1;
+    const char *phase = r->phase;
+    r->phase = "ring set-up";
+    int h_in = run_recv(r, g->left, STEP_HELLO, &g->hello_in, sizeof g->hello_in);
+    if (h_in < 0 || run_send(r, g->right, STEP_HELLO, &g->hello_out, sizeof g->hello_out) < 0) return false;
+    if (g->read_out && (g->done_h = run_recv(r, g->right, STEP_DONE, NULL, 0)) < 0) return false;
+    if (!run_wait_one(r, h_in)) return false;
+    r->phase = phase;
+    g->read_in = g->hello_in.by_read == 1;
+    if (!g->read_in) return true;
+    /* reads land in buf or in registered scratch */
+    if (!g->buf_mr) {
+        slime_status_t st = slime_mr_reg(r->comm->ctx, p->buf, bytes, 0, &g->buf_mr);
+        if (st != SLIME_OK) return run_fail(r, st, "%s: cannot register the buffer: %s", r->phase, slime_last_error());
+    }
+    if (p->reduce_steps > 0) {
+        g->slots = comm_rma_scratch(r->comm, (size_t)RING_WINDOW * g->ce * p->esize, &g->slots_mr);
+        if (!g->slots) return run_fail(r, SLIME_ERR_NOMEM, "%s: out of registered scratch", r->phase);
+    }
+    return true;
+}
+
+/* Posts the reads of every unit in the window whose notice came. */
+static bool post_reads(ring_state_t *g, size_t posted, size_t wait_for, const int *window) {
+    const ring_plan_t *p = g->p;
+    coll_run_t *r = g->r;
+    while (g->read_next < posted) {
+        size_t u = g->read_next;
+        int k = (int)(u % RING_WINDOW);
+        bool have = u == wait_for ? run_wait_one(r, window[k]) : run_test(r, window[k]);
+        if (!have) return run_ok(r) && u != wait_for;
+        /* which (step, chunk) u is: walk from the unit being processed */
+        int s = 0;
+        size_t c = u, left_units;
+        while ((left_units = chunks_of(g, recv_block(g, s))) <= c) {
+            c -= left_units;
+            s++;
+        }
+        size_t first, len;
+        chunk_of(g, recv_block(g, s), c, &first, &len);
+        uint8_t *to = recv_target(g, s, c, u);
+        slime_mr_t *mr = s < p->reduce_steps ? g->slots_mr : g->buf_mr;
+        uint8_t *base = s < p->reduce_steps ? g->slots : p->buf;
+        g->reads[k] = run_read(r, g->left, unit_step(g, s, c), mr, (size_t)(to - base), &g->hello_in.desc,
+                               first * p->esize, len * p->esize);
+        if (g->reads[k] < 0) return false;
+        g->read_next++;
+    }
+    return true;
+}
+
+static void links_close(ring_state_t *g) {
+    /* dereg waits for a peer's copy still under way (a failed run) */
+    if (g->buf_mr) slime_mr_dereg(g->buf_mr);
+    g->buf_mr = NULL;
+}
+
+bool ring_run(coll_run_t *r, const ring_plan_t *p) {
+    slime_comm_t *comm = r->comm;
+    ring_state_t g = {.r = r, .p = p, .n = comm->size, .rank = comm->rank};
+    if (g.n == 1 || p->steps == 0) return true;
+    g.left = mod_rank(g.rank - 1, g.n);
+    g.right = mod_rank(g.rank + 1, g.n);
+    /* a function of the size alone, so that every rank cuts the same
+     * chunks: larger ones where the links may read (one syscall and
+     * one page walk per chunk) */
+    size_t chunk = coll_chunk_bytes();
+    if (p->mode == RING_INPLACE && p->total * p->esize >= coll_cma_min_bytes()) chunk *= 2;
+    g.ce = chunk / p->esize;
+    if (g.ce == 0) g.ce = 1;
+    g.kmax = (p->total / (size_t)g.n + 1 + g.ce - 1) / g.ce;
+
+    size_t total_sends = 0, total_units = 0;
+    for (int s = 0; s < p->steps; s++) {
+        total_sends += chunks_of(&g, send_block(&g, s));
+        total_units += chunks_of(&g, recv_block(&g, s));
+    }
+    g.sends = malloc((total_sends ? total_sends : 1) * sizeof *g.sends);
+    g.dst_send = malloc((g.kmax ? g.kmax : 1) * sizeof *g.dst_send);
+    bool ok = g.sends && g.dst_send;
+    if (!ok) run_fail(r, SLIME_ERR_NOMEM, "%s: out of memory", r->phase);
+    for (size_t c = 0; ok && c < g.kmax; c++) g.dst_send[c] = -1;
+    ok = ok && links_setup(&g);
+    if (ok && p->reduce_steps > 0 && !g.slots) {
+        g.slots = comm_scratch(comm, (size_t)RING_WINDOW * g.ce * p->esize);
+        if (!g.slots) ok = run_fail(r, SLIME_ERR_NOMEM, "%s: out of memory for scratch", r->phase);
+    }
+
+    int window[RING_WINDOW];
+    int post_s = 0, proc_s = 0;
+    size_t post_c = 0, proc_c = 0, posted = 0, done = 0;
+#define ADVANCE(s, c)                                                                  \
+    do {                                                                               \
+        while ((s) < p->steps && (c) >= chunks_of(&g, recv_block(&g, (s)))) {          \
+            (s)++;                                                                     \
+            (c) = 0;                                                                   \
+        }                                                                              \
+    } while (0)
+    ADVANCE(post_s, post_c);
+    ADVANCE(proc_s, proc_c);
+    /* step 0 depends on nothing: all of it at once (above the eager limit
+     * a send is only an announcement until the receiver asks) */
+    if (ok) {
+        int b0 = send_block(&g, 0);
+        const uint8_t *base = p->mode == RING_FROM_SRC ? p->src : p->buf;
+        for (size_t c = 0; ok && c < chunks_of(&g, b0); c++) {
+            size_t first, len;
+            chunk_of(&g, b0, c, &first, &len);
+            ok = send_tracked(&g, 0, c, base + first * p->esize, len);
+        }
+    }
+    while (ok && done < total_units) {
+        while (ok && posted < total_units && posted < done + RING_WINDOW) {
+            int k = (int)(posted % RING_WINDOW);
+            size_t first, len;
+            chunk_of(&g, recv_block(&g, post_s), post_c, &first, &len);
+            window[k] = g.read_in ? run_recv(r, g.left, unit_step(&g, post_s, post_c), NULL, 0)
+                                  : run_recv(r, g.left, unit_step(&g, post_s, post_c),
+                                             recv_target(&g, post_s, post_c, posted), len * p->esize);
+            ok = window[k] >= 0;
+            posted++;
+            post_c++;
+            ADVANCE(post_s, post_c);
+        }
+        if (!ok) break;
+        int k = (int)(done % RING_WINDOW);
+        if (g.read_in) {
+            ok = post_reads(&g, posted, done, window) && run_wait_one(r, g.reads[k]);
+            g.reads[k] = -1;
+        } else {
+            ok = run_wait_one(r, window[k]);
+        }
+        ok = ok && ring_process(&g, proc_s, proc_c, done);
+        done++;
+        proc_c++;
+        ADVANCE(proc_s, proc_c);
+        if (ok && g.read_in) ok = post_reads(&g, posted, SIZE_MAX, window);
+        reap_sends(&g);
+    }
+#undef ADVANCE
+    /* a reader tells us when it is done with our buffer; we tell ours */
+    const char *phase = r->phase;
+    if (g.read_in || g.read_out) r->phase = "ring end";
+    if (ok && g.read_in) ok = run_send(r, g.left, STEP_DONE, NULL, 0) >= 0;
+    if (ok && g.done_h >= 0) ok = run_wait_one(r, g.done_h);
+    if (ok) ok = run_wait_all(r); /* nothing may read buf once it is deregistered */
+    if (!ok) run_release(r);
+    links_close(&g);
+    if (ok) r->phase = phase;
+    free(g.sends);
+    free(g.dst_send);
+    return ok && run_ok(r);
+}

@@ -1,0 +1,185 @@
+/* The per-communicator queue and its worker thread.  Collectives run one
+ * at a time in post order; the caller gets a request at once and sleeps
+ * on it while the worker does the work (the worker spins in its own
+ * waits, where spinning pays).  A failed collective breaks the
+ * communicator: everything after it fails fast with the same cause. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/coll.h"
+
+size_t coll_chunk_bytes(void) {
+    static _Atomic size_t cached;
+    size_t v = atomic_load(&cached);
+    if (!v) {
+        v = env_size("DLSLIME_COLL_CHUNK", 512 * 1024);
+        if (v < 4096) v = 4096;
+        atomic_store(&cached, v);
+    }
+    return v;
+}
+
+size_t coll_cma_min_bytes(void) {
+    static _Atomic size_t cached;
+    size_t v = atomic_load(&cached);
+    if (!v) {
+        v = env_size("DLSLIME_COLL_CMA_MIN", 4 * 1024 * 1024);
+        atomic_store(&cached, v);
+    }
+    return v;
+}
+
+size_t coll_small_bytes(void) {
+    static _Atomic size_t cached;
+    size_t v = atomic_load(&cached);
+    if (!v) {
+        v = env_size("DLSLIME_COLL_SMALL", 64 * 1024);
+        atomic_store(&cached, v);
+    }
+    return v;
+}
+
+slime_status_t coll_check(const slime_comm_t *comm, slime_req_t **out, const char *name,
+                          bool root_used, int root) {
+    if (out) *out = NULL;
+    if (!comm) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL communicator", name);
+    if (!out) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL request pointer", name);
+    if (root_used && (root < 0 || root >= comm->size))
+        return slime_errorf(SLIME_ERR_INVAL, "%s: root %d out of range [0, %d)", name, root, comm->size);
+    return SLIME_OK;
+}
+
+static void op_free(coll_op_t *op) {
+    free(op->v);
+    free(op);
+}
+
+/* Marks the communicator broken (first failure wins) and tells the
+ * other members. */
+static void comm_break(slime_comm_t *comm, slime_status_t st, const char *text) {
+    pthread_mutex_lock(&comm->mu);
+    bool first = comm->broken == SLIME_OK;
+    if (first) {
+        comm->broken = st;
+        snprintf(comm->broken_text, sizeof comm->broken_text, "%s", text);
+    }
+    pthread_mutex_unlock(&comm->mu);
+    if (first && st != SLIME_ERR_CLOSED) abort_broadcast(comm, st, text);
+}
+
+static void run_one(slime_comm_t *comm, coll_op_t *op) {
+    slime_status_t st;
+    char text[600];
+    pthread_mutex_lock(&comm->mu);
+    st = comm->broken;
+    if (st != SLIME_OK) snprintf(text, sizeof text, "%s", comm->broken_text);
+    pthread_mutex_unlock(&comm->mu);
+    if (st == SLIME_OK && (st = abort_received(comm, text, sizeof text)) != SLIME_OK)
+        comm_break(comm, st, text);
+    if (st != SLIME_OK) {
+        req_worker_complete(op->req, st, "%s: communicator is broken: %s", op->what, text);
+        return;
+    }
+    coll_run_t run;
+    run_init(&run, comm, op);
+    bool ok = op->exec(&run, op) && run_wait_all(&run);
+    if (!ok && run.status == SLIME_OK) /* an algorithm must record why */
+        run_fail(&run, SLIME_ERR_PROTOCOL, "failed without a cause");
+    run_release(&run);
+    if (!ok) {
+        comm_break(comm, run.status, run.detail);
+        req_worker_complete(op->req, run.status, "%s", run.detail);
+        return;
+    }
+    req_worker_complete(op->req, SLIME_OK, NULL);
+}
+
+static void *worker_main(void *arg) {
+    slime_comm_t *comm = arg;
+    pthread_mutex_lock(&comm->mu);
+    for (;;) {
+        while (list_empty(&comm->queue) && !comm->stopping) pthread_cond_wait(&comm->cv, &comm->mu);
+        if (comm->stopping) break; /* destroy fails what is left */
+        coll_op_t *op = list_first(&comm->queue, coll_op_t, link);
+        list_del(&op->link);
+        pthread_mutex_unlock(&comm->mu);
+        run_one(comm, op);
+        op_free(op);
+        pthread_mutex_lock(&comm->mu);
+    }
+    pthread_mutex_unlock(&comm->mu);
+    return NULL;
+}
+
+slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t **out) {
+    coll_op_t *op = malloc(sizeof *op);
+    slime_req_t *req = op ? req_worker_new(comm->ctx) : NULL;
+    if (!req) {
+        free(op);
+        free(tmpl->v);
+        return slime_errorf(SLIME_ERR_NOMEM, "%s: out of memory", tmpl->name);
+    }
+    *op = *tmpl;
+    op->req = req;
+    list_init(&op->link);
+
+    pthread_mutex_lock(&comm->mu);
+    op->seq = comm->next_seq++;
+    if (op->typed)
+        snprintf(op->what, sizeof op->what, "%s #%" PRIu64 " (%zu x %s, %s)", op->name, op->seq, op->count,
+                 dtype_name(op->dtype), redop_name(op->redop));
+    else
+        snprintf(op->what, sizeof op->what, "%s #%" PRIu64 " (%zu bytes)", op->name, op->seq, op->bytes);
+    if (comm->broken != SLIME_OK) {
+        /* nothing will run again: fail it here, the order is moot */
+        slime_status_t st = comm->broken;
+        char text[600];
+        snprintf(text, sizeof text, "%s", comm->broken_text);
+        pthread_mutex_unlock(&comm->mu);
+        req_worker_complete(req, st, "%s: communicator is broken: %s", op->what, text);
+        op_free(op);
+        *out = req;
+        return SLIME_OK;
+    }
+    if (!comm->worker_started) {
+        if (pthread_create(&comm->worker, NULL, worker_main, comm) != 0) {
+            pthread_mutex_unlock(&comm->mu);
+            op_free(op);
+            slime_req_free(req);
+            return slime_errorf(SLIME_ERR_SYSTEM, "%s: cannot start the communicator's worker thread", tmpl->name);
+        }
+        comm->worker_started = true;
+    }
+    list_push_back(&comm->queue, &op->link);
+    pthread_cond_signal(&comm->cv);
+    pthread_mutex_unlock(&comm->mu);
+    *out = req;
+    return SLIME_OK;
+}
+
+void coll_worker_stop(slime_comm_t *comm) {
+    pthread_mutex_lock(&comm->mu);
+    comm->stopping = true;
+    atomic_store(&comm->closing, true);
+    slime_list_t left;
+    list_init(&left);
+    while (!list_empty(&comm->queue)) {
+        slime_list_t *n = comm->queue.next;
+        list_del(n);
+        list_push_back(&left, n);
+    }
+    pthread_cond_broadcast(&comm->cv);
+    bool started = comm->worker_started;
+    pthread_mutex_unlock(&comm->mu);
+    /* a worker asleep in a wait looks at `closing` when woken */
+    ctx_wake_sleepers(comm->ctx);
+    if (started) pthread_join(comm->worker, NULL);
+    while (!list_empty(&left)) {
+        coll_op_t *op = list_first(&left, coll_op_t, link);
+        list_del(&op->link);
+        req_worker_complete(op->req, SLIME_ERR_CLOSED, "%s: communicator destroyed before it ran", op->what);
+        op_free(op);
+    }
+}

@@ -1,0 +1,272 @@
+/*
+ * test_coll_move.c - the collectives that move bytes without combining
+ * them, on 1 to 4 ranks: broadcast (tree and chunked chain, every root),
+ * allgather (in and out of place), gather, scatter, alltoallv with
+ * uneven and empty splits, barrier; and point-to-point messages in a
+ * communicator's tag space, with ANY_SOURCE.  Every byte is checked
+ * against the pattern its sender wrote.
+ */
+#include "test_coll_util.h"
+
+#include <poll.h>
+
+/* The pattern stream of (sender, purpose). */
+static uint64_t seed_of(int rank, int what)
+{
+    return 1000 + (uint64_t)rank * 64 + (uint64_t)what;
+}
+
+static const size_t sizes[] = {0, 1, 13, 4097, 70001, 3 * H_MIB + 11};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+
+static void broadcast(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    for (size_t s = 0; s < NSIZES; s++) {
+        size_t len = sizes[s];
+        uint8_t *buf = h_alloc(len + 1);
+        for (int root = 0; root < r->nranks; root++) {
+            if (r->rank == root)
+                h_fill(buf, len, seed_of(root, 1), s);
+            else
+                memset(buf, 0xee, len);
+            T_RUN(slime_broadcast(comm, len ? buf : NULL, len, root, &q_));
+            H_CHECK_PATTERN(buf, len, seed_of(root, 1), s);
+        }
+        free(buf);
+    }
+    slime_comm_destroy(comm);
+}
+
+static void allgather(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    const size_t n = (size_t)r->nranks;
+    for (size_t s = 0; s < NSIZES; s++) {
+        size_t len = sizes[s];
+        uint8_t *src = h_alloc(len + 1), *dst = h_alloc(n * len + 1);
+        /* out of place */
+        h_fill(src, len, seed_of(r->rank, 2), s);
+        memset(dst, 0xee, n * len);
+        T_RUN(slime_allgather(comm, len ? src : NULL, len, len ? dst : NULL, &q_));
+        for (size_t k = 0; k < n; k++)
+            H_CHECK_PATTERN(dst + k * len, len, seed_of((int)k, 2), s);
+        H_CHECK_PATTERN(src, len, seed_of(r->rank, 2), s);
+        /* in place: src is this rank's block of dst */
+        memset(dst, 0xee, n * len);
+        h_fill(dst + (size_t)r->rank * len, len, seed_of(r->rank, 3), s);
+        T_RUN(slime_allgather(comm, len ? dst + (size_t)r->rank * len : NULL, len, len ? dst : NULL, &q_));
+        for (size_t k = 0; k < n; k++)
+            H_CHECK_PATTERN(dst + k * len, len, seed_of((int)k, 3), s);
+        free(src);
+        free(dst);
+    }
+    slime_comm_destroy(comm);
+}
+
+/* allgather and broadcast with tiny chunks, allgather's moving by
+ * one-sided reads on shm links */
+static void small_chunks(h_rank_t *r)
+{
+    setenv("DLSLIME_COLL_CHUNK", "4096", 1);
+    setenv("DLSLIME_COLL_CMA_MIN", "16384", 1);
+    allgather(r);
+    broadcast(r);
+}
+
+static void gather_scatter(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    const size_t n = (size_t)r->nranks;
+    for (size_t s = 0; s < NSIZES - 1; s++) {
+        size_t len = sizes[s];
+        uint8_t *one = h_alloc(len + 1), *all = h_alloc(n * len + 1);
+        for (int root = 0; root < r->nranks; root++) {
+            /* gather: dst matters only at the root, so others pass NULL */
+            h_fill(one, len, seed_of(r->rank, 4), s);
+            memset(all, 0xee, n * len);
+            bool here = r->rank == root;
+            T_RUN(slime_gather(comm, len ? one : NULL, len, here && len ? all : NULL, root, &q_));
+            if (here)
+                for (size_t k = 0; k < n; k++)
+                    H_CHECK_PATTERN(all + k * len, len, seed_of((int)k, 4), s);
+            /* scatter: block k of the root's src goes to rank k */
+            if (here)
+                for (size_t k = 0; k < n; k++)
+                    h_fill(all + k * len, len, seed_of((int)k, 5), s);
+            memset(one, 0xee, len);
+            T_RUN(slime_scatter(comm, here && len ? all : NULL, len, len ? one : NULL, root, &q_));
+            H_CHECK_PATTERN(one, len, seed_of(r->rank, 5), s);
+            /* in place at the root: its own block stays where it is */
+            if (here) {
+                h_fill(all, n * len, seed_of(root, 6), s);
+                T_RUN(slime_scatter(comm, len ? all : NULL, len, len ? all + (size_t)root * len : NULL, root, &q_));
+                H_CHECK_PATTERN(all, n * len, seed_of(root, 6), s);
+            } else {
+                T_RUN(slime_scatter(comm, NULL, len, len ? one : NULL, root, &q_));
+                H_CHECK_PATTERN(one, len, seed_of(root, 6), s + (size_t)r->rank * len);
+            }
+        }
+        free(one);
+        free(all);
+    }
+    slime_comm_destroy(comm);
+}
+
+/* Bytes rank `from` sends rank `to` in round k: uneven, some empty. */
+static size_t a2a_len(int from, int to, int k)
+{
+    if ((from + 2 * to + k) % 4 == 0)
+        return 0;
+    size_t base = k == 2 ? 300 * H_KIB : 100;
+    return base + (size_t)(from * 37 + to * 101 + k * 7) % 997;
+}
+
+static void alltoallv(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    const int n = r->nranks;
+    for (int k = 0; k < 4; k++) {
+        size_t sb[H_MAX_RANKS], so[H_MAX_RANKS], rb[H_MAX_RANKS], ro[H_MAX_RANKS];
+        size_t stot = 0, rtot = 0;
+        /* scattered offsets: blocks out of order, with gaps */
+        for (int p = n - 1; p >= 0; p--) {
+            sb[p] = a2a_len(r->rank, p, k);
+            so[p] = stot + 5;
+            stot += sb[p] + 5;
+            rb[p] = a2a_len(p, r->rank, k);
+            ro[p] = rtot + 3;
+            rtot += rb[p] + 3;
+        }
+        if (k == 3) /* everything empty */
+            for (int p = 0; p < n; p++)
+                sb[p] = rb[p] = 0;
+        uint8_t *src = h_alloc(stot + 1), *dst = h_alloc(rtot + 1);
+        for (int p = 0; p < n; p++)
+            h_fill(src + so[p], sb[p], seed_of(r->rank, 10 + p), (size_t)k);
+        memset(dst, 0xee, rtot);
+        T_RUN(slime_alltoallv(comm, src, sb, so, dst, rb, ro, &q_));
+        for (int p = 0; p < n; p++)
+            H_CHECK_PATTERN(dst + ro[p], rb[p], seed_of(p, 10 + r->rank), (size_t)k);
+        /* the gaps were not written */
+        for (int p = 0; p < n; p++)
+            H_CHECK_BYTES(dst + ro[p] - 3, 3, 0xee);
+        free(src);
+        free(dst);
+    }
+    slime_comm_destroy(comm);
+}
+
+/* A barrier lets nobody out before everyone is in: rank 0 arrives late
+ * and the others must not have left before it arrived. */
+static void barrier(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    for (int round = 0; round < 3; round++) {
+        if (r->rank == 0) {
+            h_sleep_ms(150);
+            for (int k = 1; k < r->nranks; k++)
+                h_ctl_send_u64(r, k, 1); /* "I am entering now" */
+            T_RUN(slime_barrier(comm, &q_));
+        } else {
+            T_RUN(slime_barrier(comm, &q_));
+            /* rank 0 announced its entry before entering: if the barrier
+             * waited for it, the note is already readable */
+            struct pollfd pfd = {.fd = r->ctl[0], .events = POLLIN};
+            H_CHECK_EQ(poll(&pfd, 1, 0), 1);
+            H_CHECK_EQ(h_ctl_recv_u64(r, 0), 1);
+        }
+    }
+    for (int i = 0; i < 50; i++)
+        T_RUN(slime_barrier(comm, &q_));
+    slime_comm_destroy(comm);
+}
+
+/* slime_comm_send/recv: tags of the communicator only, ANY_SOURCE names
+ * the sender, and collectives running meanwhile take nothing of it. */
+static void p2p(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    slime_comm_t *other = t_comm(r, T_COMM_ID + 1, H_WAIT_MS);
+    const int n = r->nranks, me = r->rank;
+    enum { LEN = 3000, TAG = 42 };
+    uint8_t out[LEN], in[H_MAX_RANKS][LEN];
+    slime_req_t *rq[H_MAX_RANKS], *sq[H_MAX_RANKS];
+    /* every rank sends to every other; receives by ANY_SOURCE */
+    for (int k = 0; k < n - 1; k++)
+        H_CHECK_OK(slime_comm_recv(comm, SLIME_ANY_SOURCE, in[k], LEN, TAG, &rq[k]));
+    /* the same tag on the other communicator and a raw endpoint message
+     * with that tag must not be taken by the receives above */
+    uint8_t decoy_in[8], decoy[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    slime_req_t *dq = NULL, *ds = NULL;
+    int right = (me + 1) % n, left = (me + n - 1) % n;
+    if (n > 1) {
+        H_CHECK_OK(slime_comm_recv(other, left, decoy_in, sizeof decoy_in, TAG, &dq));
+        H_CHECK_OK(slime_comm_send(other, right, decoy, sizeof decoy, TAG, &ds));
+    }
+    h_fill(out, LEN, seed_of(me, 20), 0);
+    int ns = 0;
+    for (int p = 0; p < n; p++)
+        if (p != me)
+            H_CHECK_OK(slime_comm_send(comm, p, out, LEN, TAG, &sq[ns++]));
+    /* a collective in between */
+    int64_t x = me;
+    T_RUN(slime_allreduce(comm, &x, 1, SLIME_DT_INT64, SLIME_RED_SUM, &q_));
+    H_CHECK_EQ(x, n * (n - 1) / 2);
+    H_CHECK_OK(slime_req_wait_all(sq, (size_t)ns, H_WAIT_MS));
+    bool seen[H_MAX_RANKS] = {false};
+    for (int k = 0; k < n - 1; k++) {
+        H_WAIT(rq[k], SLIME_OK);
+        int from = slime_comm_req_source(comm, rq[k]);
+        H_CHECK(from >= 0 && from < n && from != me && !seen[from]);
+        seen[from] = true;
+        H_CHECK_EQ(slime_req_bytes(rq[k]), LEN);
+        H_CHECK_PATTERN(in[k], LEN, seed_of(from, 20), 0);
+        slime_req_free(rq[k]);
+        slime_req_free(sq[k]);
+    }
+    if (n > 1) {
+        H_WAIT_FREE(ds, SLIME_OK);
+        H_WAIT(dq, SLIME_OK);
+        H_CHECK_EQ(slime_comm_req_source(other, dq), left);
+        H_CHECK(memcmp(decoy_in, decoy, 8) == 0);
+        slime_req_free(dq);
+
+        /* a named peer and a tag using all 47 bits */
+        uint64_t tag = (1ull << 47) - 1;
+        uint8_t got[5] = {0};
+        slime_req_t *a = NULL, *b = NULL;
+        H_CHECK_OK(slime_comm_recv(comm, left, got, sizeof got, tag, &a));
+        H_CHECK_OK(slime_comm_send(comm, right, "hello", 5, tag, &b));
+        H_WAIT_FREE(b, SLIME_OK);
+        H_WAIT(a, SLIME_OK);
+        H_CHECK_EQ(slime_comm_req_source(comm, a), left);
+        H_CHECK(memcmp(got, "hello", 5) == 0);
+        slime_req_free(a);
+    }
+    h_barrier(r);
+    slime_comm_destroy(other);
+    slime_comm_destroy(comm);
+}
+
+int main(int argc, char **argv)
+{
+    static const h_case_t cases[] = {
+        {"broadcast_1", broadcast, 1, false, 0},   {"broadcast_2", broadcast, 2, false, 0},
+        {"broadcast_3", broadcast, 3, false, 0},   {"broadcast_4", broadcast, 4, false, 0},
+        {"allgather_1", allgather, 1, false, 0},   {"allgather_2", allgather, 2, false, 0},
+        {"allgather_3", allgather, 3, false, 0},   {"allgather_4", allgather, 4, false, 0},
+        {"small_chunks_3", small_chunks, 3, false, 0},
+        {"small_chunks_4", small_chunks, 4, false, 0},
+        {"gather_scatter_1", gather_scatter, 1, false, 0},
+        {"gather_scatter_2", gather_scatter, 2, false, 0},
+        {"gather_scatter_3", gather_scatter, 3, false, 0},
+        {"gather_scatter_4", gather_scatter, 4, false, 0},
+        {"alltoallv_1", alltoallv, 1, false, 0},   {"alltoallv_2", alltoallv, 2, false, 0},
+        {"alltoallv_3", alltoallv, 3, false, 0},   {"alltoallv_4", alltoallv, 4, false, 0},
+        {"barrier_1", barrier, 1, false, 0},       {"barrier_2", barrier, 2, false, 0},
+        {"barrier_3", barrier, 3, false, 0},       {"barrier_4", barrier, 4, false, 0},
+        {"p2p_2", p2p, 2, false, 0},               {"p2p_4", p2p, 4, false, 0},
+    };
+    return h_main("test_coll_move", cases, sizeof cases / sizeof cases[0], argc, argv);
+}
