@@ -10,6 +10,7 @@
 
 #include "core/internal.h"
 #include "transport/transport.h"
+#include "transport/verbs.h"
 
 void slime_ctx_opts_init(slime_ctx_opts_t *opts) {
     if (opts) memset(opts, 0, sizeof *opts);
@@ -19,9 +20,8 @@ static slime_status_t parse_transport(const char *name, int *force) {
     if (!name || !*name || strcmp(name, "auto") == 0) { *force = 0; return SLIME_OK; }
     if (strcmp(name, "tcp") == 0) { *force = WIRE_TRANSPORT_TCP; return SLIME_OK; }
     if (strcmp(name, "shm") == 0) { *force = WIRE_TRANSPORT_SHM; return SLIME_OK; }
-    if (strcmp(name, "verbs") == 0)
-        return slime_errorf(SLIME_ERR_UNSUPPORTED, "transport 'verbs' is not available in this build");
-    return slime_errorf(SLIME_ERR_INVAL, "unknown transport '%s' (expected auto, shm or tcp)", name);
+    if (strcmp(name, "verbs") == 0) { *force = WIRE_TRANSPORT_VERBS; return SLIME_OK; }
+    return slime_errorf(SLIME_ERR_INVAL, "unknown transport '%s' (expected auto, shm, tcp or verbs)", name);
 }
 
 static void watch(slime_ctx_t *ctx, int fd, pollable_t *p, enum pollable_kind kind) {
@@ -49,6 +49,7 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&ctx->sleep_cond, &ca);
+    pthread_cond_init(&ctx->worker_cond, &ca);
     pthread_condattr_destroy(&ca);
     list_init(&ctx->pending_conns);
     list_init(&ctx->eps);
@@ -69,8 +70,9 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     }
     ctx->proof = token_digest("dlslime-hello-1", tok ? tok : "", toklen);
     ctx->job = token_digest("dlslime-job-1", tok ? tok : "", toklen);
-    ctx->eager_tcp = env_size("DLSLIME_EAGER_TCP", 64 * 1024);
+    ctx->eager_tcp = env_size("DLSLIME_EAGER_TCP", 256 * 1024);
     ctx->eager_shm = env_size("DLSLIME_EAGER_SHM", 64 * 1024);
+    ctx->eager_verbs = env_size("DLSLIME_EAGER_VERBS", 64 * 1024);
     ctx->unexp_cap = env_size("DLSLIME_UNEXPECTED_MAX", 256u << 20);
 
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -89,23 +91,27 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
         goto fail;
     }
     if ((st = mr_table_create(&ctx->mr_fd, &ctx->mr_table)) != SLIME_OK) goto fail;
+    /* before any MR exists: every region is registered with the device */
+    if ((st = verbs_open(ctx, force == WIRE_TRANSPORT_VERBS)) != SLIME_OK) goto fail;
 
     const char *host = opts->tcp_host ? opts->tcp_host : getenv("DLSLIME_HOST");
     uint16_t port = 0;
     if ((st = tcp_listen(ctx, host, opts->tcp_port, &ctx->tcp_listen_fd, &port)) != SLIME_OK) goto fail;
     watch(ctx, ctx->tcp_listen_fd, &ctx->p_tcp, POLL_TCP_LISTEN);
-    if (force != WIRE_TRANSPORT_TCP) {
+    if (force != WIRE_TRANSPORT_TCP && force != WIRE_TRANSPORT_VERBS) {
         if ((st = shm_listen(ctx, &ctx->shm_listen_fd)) != SLIME_OK) goto fail;
         watch(ctx, ctx->shm_listen_fd, &ctx->p_shm, POLL_SHM_LISTEN);
     }
     if ((st = address_init(ctx, host, ctx->shm_listen_fd >= 0)) != SLIME_OK) goto fail;
     ctx->addr.tcp_port = port;
+    if (ctx->verbs) ctx->addr.flags |= ADDR_HAS_VERBS;
 
     int e = pthread_create(&ctx->thread, NULL, progress_thread_main, ctx);
     if (e) { st = slime_errorf(SLIME_ERR_SYSTEM, "ctx_create: progress thread: %s", strerror(e)); goto fail; }
     *out = ctx;
     return SLIME_OK;
 fail:
+    verbs_close(ctx);
     if (ctx->tcp_listen_fd >= 0) close(ctx->tcp_listen_fd);
     if (ctx->shm_listen_fd >= 0) close(ctx->shm_listen_fd);
     if (ctx->mr_table) munmap(ctx->mr_table, sizeof(mr_shared_t));
@@ -114,6 +120,7 @@ fail:
     if (ctx->epfd >= 0) close(ctx->epfd);
     if (ctx->pt_epfd >= 0) close(ctx->pt_epfd);
     pthread_cond_destroy(&ctx->sleep_cond);
+    pthread_cond_destroy(&ctx->worker_cond);
     pthread_mutex_destroy(&ctx->sleep_mtx);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
@@ -139,6 +146,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
         slime_mr_t *mr = container_of(ctx->mrs.next, slime_mr_t, link);
         list_del(&mr->link);
         mr->ctx = NULL; /* the caller may still deregister (free) it */
+        verbs_mr_unreg(mr); /* the device closes below */
     }
     pthread_mutex_unlock(&ctx->lock);
     run_callbacks(ctx); /* the progress thread is gone: the last ones here */
@@ -148,10 +156,12 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
     while (atomic_load(&ctx->users) > 0) {
         pthread_mutex_lock(&ctx->sleep_mtx);
         pthread_cond_broadcast(&ctx->sleep_cond);
+        pthread_cond_broadcast(&ctx->worker_cond);
         pthread_mutex_unlock(&ctx->sleep_mtx);
         usleep(1000);
     }
     list_for_each_safe(pos, tmp, &ctx->eps) ep_free(container_of(pos, slime_ep_t, link));
+    verbs_close(ctx);
 
     close(ctx->tcp_listen_fd);
     if (ctx->shm_listen_fd >= 0) close(ctx->shm_listen_fd);
@@ -164,6 +174,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
     free(ctx->id_gen);
     free(ctx->id_free);
     pthread_cond_destroy(&ctx->sleep_cond);
+    pthread_cond_destroy(&ctx->worker_cond);
     pthread_mutex_destroy(&ctx->sleep_mtx);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);

@@ -50,6 +50,8 @@ void ep_attach(slime_ep_t *ep, const transport_ops_t *tp, void *conn, int fd, ui
     ep->conn = conn;
     ep->fd = fd;
     ep->peer_pid = peer_pid;
+    if (tp->describe) tp->describe(conn, ep->desc, sizeof ep->desc);
+    else snprintf(ep->desc, sizeof ep->desc, "%s to peer %016" PRIx64 " (pid %u)", tp->name, ep->peer_id, peer_pid);
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = ep->pollable};
     epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev);
     if (tp->wire == WIRE_TRANSPORT_SHM) ctx->n_shm_eps++;
@@ -156,8 +158,14 @@ slime_status_t slime_ep_connect(slime_ctx_t *ctx, const void *addr, size_t addr_
             return slime_errorf(SLIME_ERR_UNSUPPORTED, "connect: transport shm is forced but peer %016" PRIx64
                                 " is not on this host", wa.ctx_id);
         tp = &slime_shm_transport;
-    } else tp = same && ctx->shm_listen_fd >= 0 ? &slime_shm_transport : &slime_tcp_transport;
-    uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    } else if (ctx->force == WIRE_TRANSPORT_VERBS) {
+        if (!(wa.flags & ADDR_HAS_VERBS))
+            return slime_errorf(SLIME_ERR_UNSUPPORTED, "connect: transport verbs is forced but peer %016" PRIx64
+                                " has no usable RDMA device", wa.ctx_id);
+        tp = &slime_verbs_transport;
+    } else if (same && ctx->shm_listen_fd >= 0) tp = &slime_shm_transport;
+    else tp = ctx->verbs && (wa.flags & ADDR_HAS_VERBS) ? &slime_verbs_transport : &slime_tcp_transport;
+    uint64_t deadline = deadline_after_ms(timeout_ms);
 
     pthread_mutex_lock(&ctx->lock);
     slime_ep_t *ep = ep_find(ctx, wa.ctx_id);
@@ -204,7 +212,7 @@ slime_status_t slime_ep_accept(slime_ctx_t *ctx, int64_t timeout_ms, slime_ep_t 
     if (out) *out = NULL;
     if (!ctx || !out) return slime_errorf(SLIME_ERR_INVAL, "accept: NULL argument");
     if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "accept: negative timeout");
-    uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = deadline_after_ms(timeout_ms);
     for (;;) {
         pthread_mutex_lock(&ctx->lock);
         slime_ep_t *ep = list_first(&ctx->accepted, slime_ep_t, acceptq);
@@ -221,6 +229,7 @@ slime_status_t slime_ep_accept(slime_ctx_t *ctx, int64_t timeout_ms, slime_ep_t 
 }
 
 const char *slime_ep_transport(const slime_ep_t *ep) { return ep && ep->tp ? ep->tp->name : "none"; }
+const char *slime_ep_describe(const slime_ep_t *ep) { return ep && ep->desc[0] ? ep->desc : "not connected"; }
 uint64_t slime_ep_peer_id(const slime_ep_t *ep) { return ep ? ep->peer_id : 0; }
 
 slime_status_t slime_ep_status(const slime_ep_t *ep) {

@@ -59,6 +59,8 @@ slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h, wire_welcome_t
     if (ctx->force && h->transport != ctx->force)
         return refuse(w, WELCOME_REFUSED, "transport not allowed: this context is forced to another one");
     if (h->ctx_id == ctx->id) return refuse(w, WELCOME_REFUSED, "a context cannot connect to itself");
+    if (h->transport == WIRE_TRANSPORT_VERBS && !ctx->verbs)
+        return refuse(w, WELCOME_REFUSED, "verbs: this context has no usable RDMA device");
     slime_ep_t *ep = ep_find(ctx, h->ctx_id);
     if (!ep) {
         ep = ep_new(ctx, h->ctx_id);
@@ -97,9 +99,24 @@ void pending_conn_close(slime_ctx_t *ctx, pending_conn_t *pc) {
     free(pc);
 }
 
+static const transport_ops_t *pending_tp(const pending_conn_t *pc) {
+    switch (pc->transport) {
+    case WIRE_TRANSPORT_SHM: return &slime_shm_transport;
+    case WIRE_TRANSPORT_VERBS: return &slime_verbs_transport;
+    default: return &slime_tcp_transport;
+    }
+}
+
 void pending_conn_progress(slime_ctx_t *ctx, pending_conn_t *pc) {
-    const transport_ops_t *tp = pc->transport == WIRE_TRANSPORT_SHM ? &slime_shm_transport : &slime_tcp_transport;
+    const transport_ops_t *tp = pending_tp(pc);
     int r = tp->read_hello(ctx, pc);
+    /* verbs dials the tcp listener; its QP info follows the hello (without
+     * a device here, tcp answers with hello_accept's refusal) */
+    if (r == 1 && pc->transport == WIRE_TRANSPORT_TCP && pc->hello.transport == WIRE_TRANSPORT_VERBS && ctx->verbs) {
+        pc->transport = WIRE_TRANSPORT_VERBS;
+        tp = &slime_verbs_transport;
+        r = tp->read_hello(ctx, pc);
+    }
     if (r == 0) return;
     if (r < 0) { pending_conn_close(ctx, pc); return; } /* a stranger: drop it */
     wire_welcome_t w;
@@ -117,8 +134,8 @@ void pending_conn_progress(slime_ctx_t *ctx, pending_conn_t *pc) {
     }
     epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, pc->fd, NULL);
     uint32_t pid = pc->peer_pid ? pc->peer_pid : pc->hello.pid;
-    int fd = pc->fd;
-    pc->fd = -1; /* the endpoint owns it now */
+    int fd = tp->conn_fd ? tp->conn_fd(conn) : pc->fd;
+    pc->fd = -1; /* the endpoint (or its conn) owns it now */
     ep_attach(ep, tp, conn, fd, pid);
     list_push_back(&ctx->accepted, &ep->acceptq);
     pending_conn_close(ctx, pc);

@@ -16,6 +16,7 @@
 
 struct transport_ops;
 struct mr_shared;
+struct verbs_dev;
 
 /* ---- errors (status.c) ---- */
 slime_status_t slime_errorf(slime_status_t st, const char *fmt, ...)
@@ -86,6 +87,7 @@ struct slime_mr {
     void *addr;
     size_t len;
     _Atomic int local_users;    /* local requests still using it */
+    void *verbs_mr;             /* its verbs registration (transport/verbs_dev.c), or NULL */
 };
 
 /* The shared MR table: mapped by every shm peer so it can check accesses
@@ -167,6 +169,9 @@ typedef struct umsg {
     void *data;                 /* eager payload; NULL for an RTS */
     bool rts;
     uint64_t sreq;              /* RTS: the sender's request id */
+    bool rdma;                  /* RTS with FF_RDMA: the sender's buffer */
+    uint64_t raddr;
+    uint32_t rkey;
 } umsg_t;
 
 /* ---- endpoints (ep.c) ---- */
@@ -194,6 +199,7 @@ struct slime_ep {
     uint32_t *imms;             /* immediates nobody asked for yet */
     size_t imm_head, imm_count, imm_cap;
     slime_list_t imm_waiters;
+    char desc[256];             /* slime_ep_describe, set when attached */
 };
 
 slime_ep_t *ep_find(slime_ctx_t *ctx, uint64_t peer_id);
@@ -217,6 +223,8 @@ void proto_on_payload(slime_ep_t *ep);
 void proto_deliver_imm(slime_ep_t *ep, uint32_t imm);
 void proto_send_cts(slime_ep_t *ep, uint64_t sreq, slime_req_t *recv,
                     slime_status_t st);
+/* The receiver of an FF_RDMA rendezvous fetched it: tells the sender. */
+void proto_rndv_done(slime_ep_t *ep, uint64_t sreq, slime_status_t st);
 bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req);
 void proto_post_rma(slime_ep_t *ep, slime_req_t *req);
 int proto_rma_progress(slime_ep_t *ep);
@@ -239,6 +247,8 @@ typedef struct pending_conn {
     wire_hello_t hello;
     int xfd[2];                 /* fds that came with a shm hello, or -1 */
     uint32_t peer_pid;          /* from the kernel (SO_PEERCRED) where known */
+    uint8_t extra[256];         /* what follows the hello (verbs: QP info) */
+    size_t extra_got;
 } pending_conn_t;
 
 struct slime_ctx {
@@ -280,7 +290,12 @@ struct slime_ctx {
     pthread_mutex_t sleep_mtx;
     pthread_cond_t sleep_cond;  /* requests completed, endpoints changed */
     _Atomic int sleepers;
-    size_t eager_tcp, eager_shm;
+    /* waiters on worker requests sleep apart: the many completions of a
+     * collective's own transfers must not wake them */
+    pthread_cond_t worker_cond;
+    _Atomic int worker_sleepers;
+    size_t eager_tcp, eager_shm, eager_verbs;
+    struct verbs_dev *verbs;    /* the open RDMA device, or NULL */
     slime_list_t callbacks;     /* completed requests whose cb is due */
 };
 
@@ -293,6 +308,7 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg,
 bool ctx_sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg,
                      uint64_t deadline_ns);
 void ctx_wake_sleepers(slime_ctx_t *ctx);
+void ctx_wake_worker_sleepers(slime_ctx_t *ctx);
 void ctx_kick(slime_ctx_t *ctx);
 /* Call after queueing work only the progress engine will finish. */
 void ctx_post_work(slime_ctx_t *ctx);

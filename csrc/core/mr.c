@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "transport/verbs.h"
 
 #define DEREG_WAIT_NS (5ull * 1000000000ull)
 
@@ -80,6 +81,14 @@ slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr, size_t len, unsigned a
     if ((uintptr_t)addr + len < (uintptr_t)addr) return slime_errorf(SLIME_ERR_INVAL, "mr_reg: region wraps");
     slime_mr_t *mr = calloc(1, sizeof *mr);
     if (!mr) return slime_errorf(SLIME_ERR_NOMEM, "mr_reg");
+    mr->addr = addr;
+    mr->len = len;
+    mr->access = access;
+    slime_status_t st;
+    if (ctx->verbs && (st = verbs_mr_reg(ctx, mr)) != SLIME_OK) {
+        free(mr);
+        return st;
+    }
     pthread_mutex_lock(&ctx->lock);
     mr_shared_t *t = ctx->mr_table;
     uint32_t slot = MR_TABLE_SLOTS;
@@ -87,6 +96,7 @@ slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr, size_t len, unsigned a
         if (atomic_load(&t->slots[i].state) == MR_FREE) { slot = i; break; }
     if (slot == MR_TABLE_SLOTS) {
         pthread_mutex_unlock(&ctx->lock);
+        verbs_mr_unreg(mr);
         free(mr);
         return slime_errorf(SLIME_ERR_NOMEM, "mr_reg: all %d region slots are in use", MR_TABLE_SLOTS);
     }
@@ -102,6 +112,7 @@ slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr, size_t len, unsigned a
     e->access = access;
     e->addr = (uint64_t)(uintptr_t)addr;
     e->len = len;
+    if (ctx->verbs) verbs_mr_bind(ctx, mr);
     atomic_store(&e->state, MR_VALID);
     list_push_back(&ctx->mrs, &mr->link);
     pthread_mutex_unlock(&ctx->lock);
@@ -123,6 +134,11 @@ slime_status_t slime_mr_dereg(slime_mr_t *mr) {
                             atomic_load(&mr->local_users));
     mr_entry_t *e = &ctx->mr_table->slots[mr->slot];
     atomic_store(&e->state, MR_DYING);
+    if (mr->verbs_mr) {
+        pthread_mutex_lock(&ctx->lock);
+        verbs_mr_revoke(ctx, mr);
+        pthread_mutex_unlock(&ctx->lock);
+    }
     /* accesses that pinned the entry before it died finish their copy */
     if (!ctx_wait_until(ctx, unpinned, e, now_ns() + DEREG_WAIT_NS)) {
         return slime_errorf(SLIME_ERR_BUSY, "mr_dereg: remote accesses still copying after %llu s; "
@@ -133,6 +149,7 @@ slime_status_t slime_mr_dereg(slime_mr_t *mr) {
     atomic_store(&e->state, MR_FREE);
     list_del(&mr->link);
     pthread_mutex_unlock(&ctx->lock);
+    verbs_mr_unreg(mr);
     free(mr);
     return SLIME_OK;
 }

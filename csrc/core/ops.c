@@ -71,7 +71,9 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
     req->len = op->len;
     switch (op->kind) {
     case SLIME_OP_SEND: {
-        size_t eager = ep->tp->wire == WIRE_TRANSPORT_SHM ? ctx->eager_shm : ctx->eager_tcp;
+        size_t eager = ep->tp->wire == WIRE_TRANSPORT_SHM     ? ctx->eager_shm
+                       : ep->tp->wire == WIRE_TRANSPORT_VERBS ? ctx->eager_verbs
+                                                              : ctx->eager_tcp;
         txn_t *t = txn_new(op->len <= eager ? F_EAGER : F_RTS, 0);
         if (!t || (op->len > eager && !req_id_assign(ctx, req))) {
             free(t);
@@ -86,6 +88,7 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
         } else {
             t->hdr.b = req->id;
             t->hdr.c = op->len;
+            if (ep->tp->rndv_offer) ep->tp->rndv_offer(ep, req, &t->hdr);
         }
         list_push_back(&ep->pending, &req->eplink);
         stream_queue(ep, t);

@@ -111,13 +111,22 @@ void ctx_wake_sleepers(slime_ctx_t *ctx) {
     pthread_mutex_unlock(&ctx->sleep_mtx);
 }
 
+void ctx_wake_worker_sleepers(slime_ctx_t *ctx) {
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load(&ctx->worker_sleepers) == 0) return;
+    pthread_mutex_lock(&ctx->sleep_mtx);
+    pthread_cond_broadcast(&ctx->worker_cond);
+    pthread_mutex_unlock(&ctx->sleep_mtx);
+}
+
 static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline);
-static bool sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline);
+static bool sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline,
+                        pthread_cond_t *cond, _Atomic int *sleepers);
 
 bool ctx_sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
     if (done(arg)) return true;
     atomic_fetch_add(&ctx->users, 1);
-    bool ok = sleep_until(ctx, done, arg, deadline);
+    bool ok = sleep_until(ctx, done, arg, deadline, &ctx->worker_cond, &ctx->worker_sleepers);
     atomic_fetch_sub(&ctx->users, 1);
     return ok;
 }
@@ -155,23 +164,24 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
     if (ok || timed_out) return ok || done(arg);
     /* we stop spinning but keep waiting: the progress thread takes over */
     if (atomic_load(&ctx->spinners) == 0) ctx_kick(ctx);
-    return sleep_until(ctx, done, arg, deadline);
+    return sleep_until(ctx, done, arg, deadline, &ctx->sleep_cond, &ctx->sleepers);
 }
 
 /* Sleeps until done() or the deadline; whoever completes what done()
  * looks at broadcasts sleep_cond (ctx_wake_sleepers). */
-static bool sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
+static bool sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline,
+                        pthread_cond_t *cond, _Atomic int *sleepers) {
     bool ok;
     pthread_mutex_lock(&ctx->sleep_mtx);
-    atomic_fetch_add(&ctx->sleepers, 1);
+    atomic_fetch_add(sleepers, 1);
     while (!(ok = done(arg))) {
         uint64_t t = now_ns();
         if (t >= deadline || atomic_load(&ctx->closed)) break;
         uint64_t until = t + 50000000ull < deadline ? t + 50000000ull : deadline;
         struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull), .tv_nsec = (long)(until % 1000000000ull)};
-        pthread_cond_timedwait(&ctx->sleep_cond, &ctx->sleep_mtx, &ts);
+        pthread_cond_timedwait(cond, &ctx->sleep_mtx, &ts);
     }
-    atomic_fetch_sub(&ctx->sleepers, 1);
+    atomic_fetch_sub(sleepers, 1);
     pthread_mutex_unlock(&ctx->sleep_mtx);
     return ok;
 }

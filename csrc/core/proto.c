@@ -65,17 +65,36 @@ static void trunc_fail(slime_req_t *r, uint64_t len) {
                  len, r->len);
 }
 
-/* A receive met a rendezvous announcement: ask for the data. */
-static void rts_matched(slime_ep_t *ep, slime_req_t *r, uint64_t sreq, uint64_t len) {
-    if (len > r->len) {
-        proto_send_cts(ep, sreq, NULL, SLIME_ERR_TRUNCATED);
-        trunc_fail(r, len);
+void proto_rndv_done(slime_ep_t *ep, uint64_t sreq, slime_status_t st) {
+    txn_t *t = txn_new(F_RNDV_DONE, 0);
+    if (!t) { ep_fail(ep, SLIME_ERR_NOMEM, "out of memory for a rendezvous-done frame"); return; }
+    t->hdr.a = sreq;
+    t->hdr.u32 = (uint32_t)(int32_t)st;
+    send_frame(ep, t);
+}
+
+/* What an RTS announced; rdma: the receiver may fetch it itself. */
+typedef struct rts_info {
+    uint64_t sreq, len, raddr;
+    uint32_t rkey;
+    bool rdma;
+} rts_info_t;
+
+/* A receive met a rendezvous announcement: fetch the data where the
+ * transport can, else ask for it. */
+static void rts_matched(slime_ep_t *ep, slime_req_t *r, const rts_info_t *in) {
+    if (in->len > r->len) {
+        proto_send_cts(ep, in->sreq, NULL, SLIME_ERR_TRUNCATED);
+        trunc_fail(r, in->len);
         return;
     }
-    if (!req_id_assign(ep->ctx, r)) { req_complete(r, SLIME_ERR_NOMEM, "out of request ids"); return; }
-    r->bytes = len;
+    r->bytes = in->len;
     if (!list_linked(&r->eplink)) list_push_back(&ep->pending, &r->eplink);
-    proto_send_cts(ep, sreq, r, SLIME_OK);
+    if (in->rdma && ep->tp->rndv_fetch &&
+        ep->tp->rndv_fetch(ep, r, in->sreq, in->raddr, in->rkey, in->len) == SLIME_OK)
+        return;
+    if (!req_id_assign(ep->ctx, r)) { req_complete(r, SLIME_ERR_NOMEM, "out of request ids"); return; }
+    proto_send_cts(ep, in->sreq, r, SLIME_OK);
 }
 
 bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req) {
@@ -86,9 +105,9 @@ bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req) {
         req->ep = m->ep;
         if (m->rts) {
             slime_ep_t *ep = m->ep;
-            uint64_t sreq = m->sreq, len = m->len;
+            rts_info_t in = {.sreq = m->sreq, .len = m->len, .raddr = m->raddr, .rkey = m->rkey, .rdma = m->rdma};
             umsg_free(ctx, m);
-            rts_matched(ep, req, sreq, len);
+            rts_matched(ep, req, &in);
         } else if (m->len > req->len) {
             trunc_fail(req, m->len);
             umsg_free(ctx, m);
@@ -176,9 +195,10 @@ void proto_on_header(slime_ep_t *ep) {
         rx->umsg = m;
         rx->dst = data;
         return;
-    case F_RTS:
+    case F_RTS: {
         if (h->len) break;
-        if ((r = match_posted(ctx, ep, h->a))) { rts_matched(ep, r, h->b, h->c); return; }
+        rts_info_t in = {.sreq = h->b, .len = h->c, .raddr = h->d, .rkey = h->rkey, .rdma = (h->flags & FF_RDMA) != 0};
+        if ((r = match_posted(ctx, ep, h->a))) { rts_matched(ep, r, &in); return; }
         umsg_t *u = calloc(1, sizeof *u);
         if (!u) { rx->paused = true; return; }
         u->ep = ep;
@@ -186,12 +206,17 @@ void proto_on_header(slime_ep_t *ep) {
         u->len = h->c;
         u->rts = true;
         u->sreq = h->b;
+        u->rdma = in.rdma;
+        u->raddr = in.raddr;
+        u->rkey = in.rkey;
         list_push_back(&ctx->unexpected, &u->link);
         return;
+    }
     case F_CTS:
         if (h->len || !wire_status_ok(h->u32)) break;
         if (!(r = lookup(ep, h->a, REQ_SEND, "rendezvous send"))) return;
         req_id_release(ctx, r);
+        if (ep->tp->rndv_release) ep->tp->rndv_release(ep, r);
         if ((int32_t)h->u32 != SLIME_OK) {
             req_complete(r, (slime_status_t)(int32_t)h->u32,
                          "receiver's buffer is smaller than the message of %zu bytes", r->len);
@@ -266,6 +291,14 @@ void proto_on_header(slime_ep_t *ep) {
     case F_IMM:
         if (h->len) break;
         proto_deliver_imm(ep, h->u32);
+        return;
+    case F_RNDV_DONE:
+        if (h->len || !wire_status_ok(h->u32)) break;
+        if (!(r = lookup(ep, h->a, REQ_SEND, "rendezvous send"))) return;
+        req_id_release(ctx, r);
+        if (ep->tp->rndv_release) ep->tp->rndv_release(ep, r);
+        if ((int32_t)h->u32 == SLIME_OK) req_complete(r, SLIME_OK, NULL);
+        else req_complete(r, (slime_status_t)(int32_t)h->u32, "the receiver failed to fetch the message");
         return;
     }
     (void)was_paused;
@@ -345,6 +378,10 @@ static void post_frames(slime_ep_t *ep, slime_req_t *req) {
 
 void proto_post_rma(slime_ep_t *ep, slime_req_t *req) {
     list_push_back(&ep->pending, &req->eplink);
+    if (ep->tp->rma_async) {
+        ep->tp->rma(ep, req, SIZE_MAX); /* it completes req, now or later */
+        return;
+    }
     if (ep->tp->rma) {
         bool idle = list_empty(&ep->rmaq);
         list_push_back(&ep->rmaq, &req->qlink);

@@ -88,6 +88,7 @@ void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
         }
     }
     bool detached = req->detached;
+    enum req_kind kind = req->kind;
     if (req->cb) {
         /* run by the progress thread, outside the lock */
         list_push_back(&ctx->callbacks, &req->cblink);
@@ -97,6 +98,7 @@ void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
     if (detached && !req->cb) req_destroy(req); /* else after its callback */
     if (parent && --parent->children_left == 0) req_complete(parent, parent->first_err, NULL);
     ctx_wake_sleepers(ctx);
+    if (kind == REQ_WORKER) ctx_wake_worker_sleepers(ctx);
 }
 
 slime_req_t *req_worker_new(slime_ctx_t *ctx) { return req_new(ctx, REQ_WORKER, NULL); }
@@ -142,7 +144,7 @@ slime_status_t slime_req_test(slime_req_t *req) {
 slime_status_t slime_req_wait(slime_req_t *req, int64_t timeout_ms) {
     if (!req) return slime_errorf(SLIME_ERR_INVAL, "req_wait: NULL request");
     if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "req_wait: negative timeout");
-    if (!req_done(req) && !wait_req(req, now_ns() + (uint64_t)timeout_ms * 1000000ull))
+    if (!req_done(req) && !wait_req(req, deadline_after_ms(timeout_ms)))
         return slime_errorf(SLIME_ERR_TIMEOUT, "request still pending after %lld ms", (long long)timeout_ms);
     return final_status(req);
 }
@@ -165,7 +167,7 @@ slime_status_t slime_req_wait_all(slime_req_t *const *reqs, size_t n, int64_t ti
         if (!reqs[i]) return slime_errorf(SLIME_ERR_INVAL, "req_wait_all: request %zu is NULL", i);
     struct all_arg a = {reqs, n, 0};
     if (n && !pred_all(&a) &&
-        !ctx_wait_until(reqs[0]->ctx, pred_all, &a, now_ns() + (uint64_t)timeout_ms * 1000000ull))
+        !ctx_wait_until(reqs[0]->ctx, pred_all, &a, deadline_after_ms(timeout_ms)))
         return slime_errorf(SLIME_ERR_TIMEOUT, "%zu of %zu requests still pending after %lld ms", n - a.next, n,
                             (long long)timeout_ms);
     for (size_t i = 0; i < n; i++)

@@ -39,6 +39,14 @@ static inline uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* now + ms, saturating: an "infinite" timeout never wraps into the past. */
+static inline uint64_t deadline_after_ms(int64_t ms) {
+    const int64_t cap = 100ll * 365 * 24 * 3600 * 1000; /* a century */
+    if (ms < 0) ms = 0;
+    if (ms > cap) ms = cap;
+    return now_ns() + (uint64_t)ms * 1000000ull;
+}
+
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();

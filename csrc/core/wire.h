@@ -17,6 +17,7 @@
 
 #define ADDR_HAS_SHM 0x1u
 #define ADDR_HAS_TCP 0x2u
+#define ADDR_HAS_VERBS 0x4u  /* an RDMA device is open: dial verbs via tcp */
 
 /* Where a peer can be reached and what decides "same host". */
 typedef struct wire_addr {
@@ -33,7 +34,9 @@ typedef struct wire_addr {
     uint32_t hosts[WIRE_MAX_HOSTS]; /* IPv4, network byte order */
 } wire_addr_t;
 
-enum { WIRE_TRANSPORT_TCP = 1, WIRE_TRANSPORT_SHM = 2 };
+/* verbs dials the peer's tcp listener; QP numbers, GIDs and PSNs follow
+ * the hello and the welcome on that socket (transport/verbs_wire.h). */
+enum { WIRE_TRANSPORT_TCP = 1, WIRE_TRANSPORT_SHM = 2, WIRE_TRANSPORT_VERBS = 3 };
 
 /* First message on a new connection, dialer -> acceptor. */
 typedef struct wire_hello {
@@ -79,7 +82,9 @@ _Static_assert(sizeof(wire_desc_t) == sizeof(slime_mr_desc_t), "desc size");
 /* Frames of the stream protocol: a fixed header, then len payload bytes. */
 enum frame_type {
     F_EAGER = 1,     /* a = tag; payload = message */
-    F_RTS = 2,       /* a = tag, b = send req id, c = message length */
+    F_RTS = 2,       /* a = tag, b = send req id, c = message length;
+                        FF_RDMA: d = sender's address, rkey = its verbs
+                        rkey (the receiver may fetch it by RDMA READ) */
     F_CTS = 3,       /* a = send req id, b = recv req id, u32 = status */
     F_DATA = 4,      /* a = recv req id; payload = message */
     F_WRITE = 5,     /* a = handle, b = offset, c = initiator req id,
@@ -90,9 +95,12 @@ enum frame_type {
     F_READ_RESP = 8, /* a = initiator req id, u32 = status;
                         payload = data, or the error text */
     F_IMM = 9,       /* u32 = imm (after a write that went by CMA) */
-    F_TYPE_MAX = 10,
+    F_RNDV_DONE = 10, /* a = send req id, u32 = status: the receiver fetched
+                        an FF_RDMA rendezvous itself */
+    F_TYPE_MAX = 11,
 };
 #define FF_IMM 0x1u
+#define FF_RDMA 0x2u
 
 typedef struct frame {
     uint8_t type;

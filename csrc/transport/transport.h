@@ -39,10 +39,31 @@ typedef struct transport_ops {
     slime_status_t (*rma)(slime_ep_t *ep, slime_req_t *req, size_t max);
     /* Releases the connection (fd included). */
     void (*close)(slime_ep_t *ep);
+
+    /* Optional, NULL (false) where the transport has no use for them. */
+    /* rma takes every request whole at once and completes it itself. */
+    bool rma_async;
+    /* The fd the core watches for an accepted conn, when it is not the
+     * socket the hello came on (the conn owns that socket then). */
+    int (*conn_fd)(void *conn);
+    /* Rendezvous the receiver may fetch by itself: fills the RTS
+     * (FF_RDMA, d, rkey) or leaves it a plain one. */
+    void (*rndv_offer)(slime_ep_t *ep, slime_req_t *send, frame_t *rts);
+    /* Fetches an FF_RDMA rendezvous into recv: SLIME_OK when under way
+     * (the transport completes recv, then calls proto_rndv_done), else
+     * the caller answers with a plain CTS. */
+    slime_status_t (*rndv_fetch)(slime_ep_t *ep, slime_req_t *recv, uint64_t sreq,
+                                 uint64_t raddr, uint32_t rkey, uint64_t len);
+    /* The peer answered an offered rendezvous (fetched it, or sent a CTS):
+     * the send's buffer is no longer exposed. */
+    void (*rndv_release)(slime_ep_t *ep, slime_req_t *send);
+    /* One line on the connection, for slime_ep_describe. */
+    void (*describe)(void *conn, char *buf, size_t len);
 } transport_ops_t;
 
 extern const transport_ops_t slime_tcp_transport;
 extern const transport_ops_t slime_shm_transport;
+extern const transport_ops_t slime_verbs_transport;
 
 /* Listeners, set up by the context. */
 slime_status_t tcp_listen(slime_ctx_t *ctx, const char *host, uint16_t port,

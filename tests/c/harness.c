@@ -79,6 +79,11 @@ static void rank_main(const h_case_t *c, h_rank_t *r, pid_t supervisor)
     if (getppid() != supervisor)
         _exit(1);
     g_rank = r->rank;
+    /* as under torchrun: each rank is a local rank (verbs picks its
+     * device by it when several are listed) */
+    char local_rank[16];
+    snprintf(local_rank, sizeof local_rank, "%d", r->rank);
+    setenv("LOCAL_RANK", local_rank, 1);
     snprintf(g_alarm_text, sizeof g_alarm_text,
              "[%s %s rank %d] FAIL: still running after %d s\n", g_program,
              g_case, g_rank, H_CASE_SECONDS);
@@ -248,6 +253,46 @@ static bool selected(const char *name, int argc, char **argv)
     return false;
 }
 
+/* A forced transport this machine cannot give (verbs without an RDMA
+ * device) skips the program, saying why.  The probe runs in a child: the
+ * supervisor never touches the library. */
+static bool transport_usable(const char *program)
+{
+    if (strcmp(h_transport(), "auto") == 0)
+        return true;
+    int pipefd[2];
+    if (pipe(pipefd) != 0)
+        return true;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pipefd[0]);
+        slime_ctx_t *ctx = NULL;
+        slime_status_t st = slime_ctx_create(NULL, &ctx);
+        if (st == SLIME_OK) {
+            slime_ctx_destroy(ctx);
+            _exit(0);
+        }
+        const char *why = slime_last_error();
+        ssize_t ignored = write(pipefd[1], why, strlen(why));
+        (void)ignored;
+        _exit(st == SLIME_ERR_UNSUPPORTED ? H_SKIP_EXIT : 1);
+    }
+    close(pipefd[1]);
+    char why[600] = "";
+    ssize_t n = pid > 0 ? read(pipefd[0], why, sizeof why - 1) : 0;
+    why[n > 0 ? n : 0] = 0;
+    close(pipefd[0]);
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid)
+        return true;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == H_SKIP_EXIT) {
+        fprintf(stderr, "[%s] SKIP: transport %s is not usable here: %s\n",
+                program, h_transport(), why);
+        return false;
+    }
+    return true;
+}
+
 int h_main(const char *program, const h_case_t *cases, size_t ncases,
            int argc, char **argv)
 {
@@ -255,6 +300,8 @@ int h_main(const char *program, const h_case_t *cases, size_t ncases,
     setvbuf(stdout, NULL, _IOLBF, 0);
     fprintf(stderr, "[%s] transport %s (DLSLIME_TRANSPORT)\n", program,
             h_transport());
+    if (!transport_usable(program))
+        return H_SKIP_EXIT;
     size_t failed = 0, ran = 0;
     for (size_t i = 0; i < ncases; i++) {
         if (!selected(cases[i].name, argc, argv))

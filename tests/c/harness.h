@@ -58,6 +58,11 @@ typedef struct h_case {
     unsigned mortal;
 } h_case_t;
 
+/* Exit code of a program skipped because DLSLIME_TRANSPORT forces a
+ * transport this machine cannot give (verbs without an RDMA device); the
+ * reason is printed.  ctest counts it as skipped (SKIP_RETURN_CODE). */
+#define H_SKIP_EXIT 77
+
 /* Runs every case (or only those named in argv[1..]) and returns the exit
  * code for main(). */
 int h_main(const char *program, const h_case_t *cases, size_t ncases,

@@ -4,7 +4,7 @@
  *
  * Objects
  *   slime_ctx_t  a process's engine: listeners, progress thread, MR table.
- *   slime_ep_t   a connection to one peer context (shm or tcp).
+ *   slime_ep_t   a connection to one peer context (shm, tcp or verbs).
  *   slime_mr_t   a registered memory region.
  *   slime_mr_desc_t  the serialisable remote view of an MR (64 plain bytes:
  *                copy it, send it, pickle it).
@@ -93,9 +93,16 @@ typedef struct slime_mr slime_mr_t;
 typedef struct slime_req slime_req_t;
 
 typedef struct slime_ctx_opts {
-    /* "auto", "shm" or "tcp".  NULL: $DLSLIME_TRANSPORT, else "auto"
-     * (shm to peers on the same host, tcp to the rest).  Forcing a
-     * transport applies to every endpoint this context dials or accepts. */
+    /* "auto", "shm", "tcp" or "verbs".  NULL: $DLSLIME_TRANSPORT, else
+     * "auto" (shm to peers on the same host, verbs to peers where both
+     * sides have a usable RDMA device, tcp to the rest).  Forcing a
+     * transport applies to every endpoint this context dials or accepts.
+     * "verbs" loads libibverbs at run time; where it is missing or no
+     * device is usable, slime_ctx_create fails with SLIME_ERR_UNSUPPORTED
+     * and a detail that says why.  Device choice: $DLSLIME_VERBS_DEVICES
+     * (comma list of name[:port]; $LOCAL_RANK picks among several),
+     * $DLSLIME_VERBS_GID_INDEX, $DLSLIME_VERBS_QPS (queue pairs per
+     * endpoint; large one-sided ops are split across them). */
     const char *transport;
     /* IPv4 address the tcp listener binds and advertises.  NULL:
      * $DLSLIME_HOST, else bind 0.0.0.0 and advertise every up IPv4
@@ -158,8 +165,12 @@ SLIME_API slime_status_t slime_ep_connect(slime_ctx_t *ctx, const void *addr,
 SLIME_API slime_status_t slime_ep_accept(slime_ctx_t *ctx, int64_t timeout_ms,
                                          slime_ep_t **out);
 
-/* "shm" or "tcp". */
+/* "shm", "tcp" or "verbs". */
 SLIME_API const char *slime_ep_transport(const slime_ep_t *ep);
+/* One line on how the endpoint is connected (for logs): the transport
+ * and, for verbs, the device, port, GID and MTU on both sides.  Never
+ * NULL; valid until the context is destroyed. */
+SLIME_API const char *slime_ep_describe(const slime_ep_t *ep);
 /* The peer context's id. */
 SLIME_API uint64_t slime_ep_peer_id(const slime_ep_t *ep);
 /* SLIME_OK while connected, else the status that closed it
@@ -218,8 +229,8 @@ SLIME_API uint64_t slime_mr_desc_len(const slime_mr_desc_t *desc);
  * (slime_req_bytes).  A message longer than cap fails the receive with
  * SLIME_ERR_TRUNCATED and is dropped; the send fails too when the message
  * was large enough to go by rendezvous (above the transport's eager limit,
- * 64 KiB by default: $DLSLIME_EAGER_SHM, $DLSLIME_EAGER_TCP), and has
- * already completed otherwise, as in MPI. */
+ * 64 KiB by default: $DLSLIME_EAGER_SHM, $DLSLIME_EAGER_TCP,
+ * $DLSLIME_EAGER_VERBS), and has already completed otherwise, as in MPI. */
 SLIME_API slime_status_t slime_send(slime_ep_t *ep, const void *buf, size_t len,
                                     uint64_t tag, slime_req_t **out);
 SLIME_API slime_status_t slime_recv(slime_ep_t *ep, void *buf, size_t cap,

@@ -1,0 +1,226 @@
+/* How a verbs endpoint comes up.  The dialer connects to the peer's tcp
+ * listener and sends the usual hello (transport = verbs, job token proof)
+ * followed by its QP info (QP numbers, PSNs, GID, MTU, slots); the
+ * acceptor checks the hello as for any transport, brings its QPs to RTS
+ * against that info, and answers with the welcome followed by its own
+ * info; the dialer then brings its QPs up too.
+ *
+ * The socket stays open for the life of the endpoint, as a liveness line:
+ * when a peer process dies, the kernel closes it at once, whereas its
+ * queue pairs would only show the loss once a retry timer ran out, and
+ * only if something was in flight.  It carries nothing else. */
+#ifdef SLIME_HAVE_VERBS
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "transport/sockio.h"
+#include "transport/verbs_internal.h"
+
+static void tune(int fd) {
+    int one = 1, idle = 5, intvl = 1, cnt = 3;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* a host that vanishes without a FIN is noticed within seconds */
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+}
+
+static slime_status_t connect_one(uint32_t host, uint16_t port, uint64_t deadline, int *fd_out) {
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &host, ip, sizeof ip);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return slime_errorf(SLIME_ERR_SYSTEM, "socket: %s", strerror(errno));
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = host;
+    slime_status_t st;
+    int err = 0;
+    socklen_t el = sizeof err;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) {
+        st = slime_errorf(SLIME_ERR_PEER_LOST, "verbs: tcp connect to %s:%u: %s", ip, port, strerror(errno));
+        goto fail;
+    }
+    if (sock_wait(fd, POLLOUT, deadline) == 0) {
+        st = slime_errorf(SLIME_ERR_TIMEOUT, "verbs: tcp connect to %s:%u timed out", ip, port);
+        goto fail;
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err) {
+        st = slime_errorf(SLIME_ERR_PEER_LOST, "verbs: tcp connect to %s:%u: %s", ip, port, strerror(err ? err : errno));
+        goto fail;
+    }
+    tune(fd);
+    *fd_out = fd;
+    return SLIME_OK;
+fail:
+    close(fd);
+    return st;
+}
+
+/* The hello + our info on a connected socket, then the welcome. */
+static slime_status_t greet(slime_ctx_t *ctx, int fd, const wire_verbs_info_t *mine, uint64_t deadline,
+                            wire_welcome_t *w) {
+    wire_hello_t h;
+    hello_fill(ctx, WIRE_TRANSPORT_VERBS, &h);
+    struct iovec iov[2] = {{.iov_base = &h, .iov_len = sizeof h},
+                           {.iov_base = (void *)mine, .iov_len = sizeof *mine}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+    slime_status_t st = sock_sendmsg_all(fd, &msg, deadline);
+    if (st == SLIME_OK) st = sock_recv_all(fd, w, sizeof *w, deadline);
+    return st;
+}
+
+static slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t deadline, void **conn,
+                                 int *fd_out, wire_welcome_t *w) {
+    *conn = NULL;
+    *fd_out = -1;
+    if (!ctx->verbs) return slime_errorf(SLIME_ERR_UNSUPPORTED, "verbs: this context has no RDMA device");
+    if (!(peer->flags & ADDR_HAS_VERBS) || !(peer->flags & ADDR_HAS_TCP) || peer->n_hosts == 0)
+        return slime_errorf(SLIME_ERR_UNSUPPORTED, "verbs: peer %016" PRIx64 " has no RDMA device", peer->ctx_id);
+    verbs_conn_t *c;
+    slime_status_t st = vconn_new(ctx, ctx->verbs->n_qps, &c);
+    if (st != SLIME_OK) return st;
+    wire_verbs_info_t mine, theirs;
+    vconn_info(c, &mine);
+    /* a peer on this host is reached over loopback first (as tcp does) */
+    uint32_t order[WIRE_MAX_HOSTS + 1];
+    int n = 0;
+    if (address_same_host(&ctx->addr, peer)) order[n++] = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < peer->n_hosts && i < WIRE_MAX_HOSTS; i++)
+        if (n == 0 || peer->hosts[i] != order[0]) order[n++] = peer->hosts[i];
+    st = slime_errorf(SLIME_ERR_PEER_LOST, "verbs: no address of the peer answered");
+    int fd = -1;
+    for (int i = 0; i < n; i++) {
+        uint64_t now = now_ns();
+        if (now >= deadline) break;
+        uint64_t slice = (deadline - now) / (uint64_t)(n - i);
+        if (slice < 1000000000ull) slice = deadline - now;
+        st = connect_one(order[i], peer->tcp_port, now + slice, &fd);
+        if (st == SLIME_OK && (st = greet(ctx, fd, &mine, now + slice, w)) != SLIME_OK) {
+            close(fd);
+            fd = -1;
+        }
+        if (st == SLIME_OK) break;
+    }
+    if (st != SLIME_OK) goto fail;
+    if (w->magic != WIRE_WELCOME_MAGIC || w->verdict != WELCOME_OK) {
+        /* refused or duplicate: the caller reads the verdict */
+        close(fd);
+        vconn_free(c);
+        return SLIME_OK;
+    }
+    char why[128];
+    if ((st = sock_recv_all(fd, &theirs, sizeof theirs, deadline)) != SLIME_OK) goto fail;
+    if (!verbs_info_valid(&theirs, why, sizeof why)) {
+        st = slime_errorf(SLIME_ERR_PROTOCOL, "%s", why);
+        goto fail;
+    }
+    if ((st = vconn_connect(c, &theirs)) != SLIME_OK) goto fail;
+    int epfd = vconn_set_socket(c, fd);
+    if (epfd < 0) {
+        st = slime_errorf(SLIME_ERR_SYSTEM, "verbs: epoll: %s", strerror(errno));
+        goto fail;
+    }
+    *conn = c;
+    *fd_out = epfd;
+    return SLIME_OK;
+fail:
+    if (fd >= 0) close(fd);
+    vconn_free(c);
+    return st;
+}
+
+/* The hello is in (read by tcp); the QP info follows it. */
+static int verbs_read_hello(slime_ctx_t *ctx, pending_conn_t *pc) {
+    (void)ctx;
+    const size_t need = sizeof(wire_verbs_info_t);
+    while (pc->extra_got < need) {
+        ssize_t r = recv(pc->fd, pc->extra + pc->extra_got, need - pc->extra_got, 0);
+        if (r == 0) return -1;
+        if (r < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        pc->extra_got += (size_t)r;
+    }
+    char why[128];
+    wire_verbs_info_t in;
+    memcpy(&in, pc->extra, sizeof in);
+    return verbs_info_valid(&in, why, sizeof why) ? 1 : -1;
+}
+
+static slime_status_t send_all_now(int fd, const struct iovec *iov, int n) {
+    /* a fresh socket's send buffer always has room for the handshake */
+    struct msghdr msg = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+    size_t want = 0;
+    for (int i = 0; i < n; i++) want += iov[i].iov_len;
+    ssize_t r = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return r == (ssize_t)want ? SLIME_OK : slime_errorf(SLIME_ERR_PEER_LOST, "verbs: welcome not sent");
+}
+
+static slime_status_t verbs_send_welcome(slime_ctx_t *ctx, pending_conn_t *pc, const wire_welcome_t *w,
+                                         void **conn) {
+    struct iovec iov[2] = {{.iov_base = (void *)w, .iov_len = sizeof *w}};
+    if (!conn) return send_all_now(pc->fd, iov, 1);
+    wire_verbs_info_t theirs, mine;
+    memcpy(&theirs, pc->extra, sizeof theirs);
+    int n = ctx->verbs->n_qps < theirs.n_qps ? ctx->verbs->n_qps : theirs.n_qps;
+    verbs_conn_t *c;
+    slime_status_t st = vconn_new(ctx, n, &c);
+    if (st != SLIME_OK) return st;
+    st = vconn_connect(c, &theirs);
+    if (st == SLIME_OK) {
+        vconn_info(c, &mine);
+        iov[1] = (struct iovec){.iov_base = &mine, .iov_len = sizeof mine};
+        st = send_all_now(pc->fd, iov, 2);
+    }
+    if (st == SLIME_OK && vconn_set_socket(c, pc->fd) < 0)
+        st = slime_errorf(SLIME_ERR_SYSTEM, "verbs: epoll: %s", strerror(errno));
+    if (st != SLIME_OK) {
+        vconn_free(c);
+        /* tell the dialer why (an unreachable GID, no memory to pin),
+         * rather than only closing on it */
+        wire_welcome_t no = *w;
+        no.verdict = WELCOME_REFUSED;
+        snprintf(no.reason, sizeof no.reason, "%s", slime_last_error());
+        iov[0] = (struct iovec){.iov_base = &no, .iov_len = sizeof no};
+        (void)send_all_now(pc->fd, iov, 1);
+        return st;
+    }
+    *conn = c;
+    return SLIME_OK;
+}
+
+static int verbs_conn_fd(void *conn) { return ((verbs_conn_t *)conn)->epfd; }
+
+static void verbs_describe(void *conn, char *buf, size_t len) {
+    snprintf(buf, len, "%s", ((verbs_conn_t *)conn)->desc);
+}
+
+const transport_ops_t slime_verbs_transport = {
+    .name = "verbs",
+    .wire = WIRE_TRANSPORT_VERBS,
+    .dial = verbs_dial,
+    .read_hello = verbs_read_hello,
+    .send_welcome = verbs_send_welcome,
+    .read = verbs_read,
+    .writev = verbs_writev,
+    .rx_ready = verbs_rx_ready,
+    .fd_event = verbs_fd_event,
+    .rma = verbs_rma,
+    .close = verbs_close_ep,
+    .rma_async = true,
+    .conn_fd = verbs_conn_fd,
+    .rndv_offer = verbs_rndv_offer,
+    .rndv_fetch = verbs_rndv_fetch,
+    .rndv_release = verbs_rndv_release,
+    .describe = verbs_describe,
+};
+
+#else
+typedef int verbs_handshake_unused;
+#endif

@@ -1,0 +1,183 @@
+/* Registrations for send/recv buffers (the RDMA-READ rendezvous).
+ *
+ * A buffer inside one of the user's registered regions uses that
+ * region's registration: no cost, and safe, since the user keeps such
+ * memory mapped until slime_mr_dereg (we hold a local use on the region
+ * meanwhile, so it cannot be deregistered under us).  That is the cache
+ * for buffers used again and again (an RPC layer's pool, a backend's
+ * staging buffers): register them once.
+ *
+ * Any other buffer is registered page-aligned for the one transfer and
+ * deregistered after it.  Keeping those registrations (an LRU keyed by
+ * address) is only correct while the application never unmaps a cached
+ * buffer and maps new memory at the same address: the registration would
+ * still point at the old pages and the peer would read stale bytes.  Without
+ * memory hooks (or on-demand paging) nothing can see that happen, and it
+ * does happen (malloc'd large buffers are mmap'd, freed and mapped again at
+ * the same address; our own tests do it), so that LRU is opt-in:
+ * $DLSLIME_VERBS_REGCACHE=1, bounded by $DLSLIME_VERBS_REGCACHE_MB
+ * (default 1024).  Entries in use are never evicted. */
+#ifdef SLIME_HAVE_VERBS
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/verbs_internal.h"
+
+#define CACHE_MAX_ENTRIES 256
+
+struct regent {
+    slime_list_t link;  /* the cache's LRU, most recent first */
+    uintptr_t start, end;
+    struct ibv_mr *mr;
+    int access;
+    unsigned refs;
+    bool cached;
+    slime_mr_t *user;   /* a user region lent to us instead */
+    uint32_t lkey, rkey;
+};
+
+struct regcache {
+    verbs_dev_t *dev;
+    slime_list_t lru;
+    size_t bytes, max_bytes;
+    unsigned n;
+    bool enabled;
+};
+
+static void push_front(slime_list_t *h, slime_list_t *n) {
+    n->next = h->next;
+    n->prev = h;
+    h->next->prev = n;
+    h->next = n;
+}
+
+regcache_t *regcache_new(verbs_dev_t *dev) {
+    regcache_t *rc = calloc(1, sizeof *rc);
+    if (!rc) return NULL;
+    rc->dev = dev;
+    list_init(&rc->lru);
+    const char *on = getenv("DLSLIME_VERBS_REGCACHE");
+    rc->enabled = on && on[0] == '1';
+    rc->max_bytes = env_size("DLSLIME_VERBS_REGCACHE_MB", 1024) << 20;
+    return rc;
+}
+
+static void entry_free(regcache_t *rc, regent_t *e) {
+    if (e->cached) {
+        list_del(&e->link);
+        rc->bytes -= e->end - e->start;
+        rc->n--;
+    }
+    verbs_api.dereg_mr(e->mr);
+    free(e);
+}
+
+static void evict(regcache_t *rc) {
+    slime_list_t *pos = rc->lru.prev;
+    while (pos != &rc->lru && (rc->n > CACHE_MAX_ENTRIES || rc->bytes > rc->max_bytes)) {
+        regent_t *e = container_of(pos, regent_t, link);
+        pos = pos->prev;
+        if (e->refs == 0) entry_free(rc, e);
+    }
+}
+
+void regcache_free(regcache_t *rc) {
+    if (!rc) return;
+    while (!list_empty(&rc->lru)) entry_free(rc, container_of(rc->lru.next, regent_t, link));
+    free(rc);
+}
+
+static regent_t *from_user_region(slime_ctx_t *ctx, uintptr_t a, size_t len, int access) {
+    slime_list_t *pos;
+    for (pos = ctx->mrs.next; pos != &ctx->mrs; pos = pos->next) {
+        slime_mr_t *mr = container_of(pos, slime_mr_t, link);
+        uintptr_t s = (uintptr_t)mr->addr;
+        uint32_t lkey, rkey;
+        bool writable;
+        if (a < s || len > mr->len || a - s > mr->len - len) continue;
+        if (!verbs_mr_keys(mr, &lkey, &rkey, &writable)) continue;
+        if ((access & IBV_ACCESS_REMOTE_READ) && !(mr->access & SLIME_ACCESS_REMOTE_READ)) continue;
+        if ((access & IBV_ACCESS_LOCAL_WRITE) && !writable) continue;
+        regent_t *e = calloc(1, sizeof *e);
+        if (!e) return NULL;
+        e->user = mr;
+        e->lkey = lkey;
+        e->rkey = rkey;
+        list_init(&e->link);
+        atomic_fetch_add(&mr->local_users, 1);
+        return e;
+    }
+    return NULL;
+}
+
+regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, size_t new_min, const char **why) {
+    regcache_t *rc = ctx->verbs->cache;
+    uintptr_t a = (uintptr_t)addr;
+    regent_t *e = from_user_region(ctx, a, len, access);
+    if (e) return e;
+    if (len < new_min) {
+        *why = "too small to be worth a registration";
+        return NULL;
+    }
+    slime_list_t *pos;
+    for (pos = rc->lru.next; pos != &rc->lru; pos = pos->next) {
+        e = container_of(pos, regent_t, link);
+        if (a < e->start || a + len > e->end || (e->access & access) != access) continue;
+        list_del(&e->link);
+        push_front(&rc->lru, &e->link);
+        e->refs++;
+        return e;
+    }
+    uintptr_t start = a & ~(uintptr_t)4095, end = (a + len + 4095) & ~(uintptr_t)4095;
+    int want = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+    struct ibv_mr *mr = verbs_api.reg_mr(rc->dev->pd, (void *)start, end - start, want);
+    if (!mr && !(access & IBV_ACCESS_LOCAL_WRITE)) {
+        want = IBV_ACCESS_REMOTE_READ; /* read-only memory can still be sent */
+        mr = verbs_api.reg_mr(rc->dev->pd, (void *)start, end - start, want);
+    }
+    if (!mr) {
+        *why = strerror(errno);
+        return NULL;
+    }
+    if (!(e = calloc(1, sizeof *e))) {
+        verbs_api.dereg_mr(mr);
+        *why = "out of memory";
+        return NULL;
+    }
+    e->start = start;
+    e->end = end;
+    e->mr = mr;
+    e->access = want;
+    e->refs = 1;
+    e->lkey = mr->lkey;
+    e->rkey = mr->rkey;
+    list_init(&e->link);
+    if (rc->enabled) {
+        e->cached = true;
+        push_front(&rc->lru, &e->link);
+        rc->bytes += end - start;
+        rc->n++;
+        evict(rc);
+    }
+    return e;
+}
+
+void regcache_put(regcache_t *rc, regent_t *e) {
+    if (e->user) {
+        atomic_fetch_sub(&e->user->local_users, 1);
+        free(e);
+        return;
+    }
+    if (--e->refs) return;
+    if (!e->cached) entry_free(rc, e);
+    else evict(rc);
+}
+
+uint32_t regent_lkey(const regent_t *e) { return e->lkey; }
+uint32_t regent_rkey(const regent_t *e) { return e->rkey; }
+
+#else
+typedef int verbs_regcache_unused;
+#endif
