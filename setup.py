@@ -6,11 +6,14 @@ Two steps, both inside build_ext so that `pip install -e .` and
 1. the C core, libdlslime.so, with CMake + Ninja (the root CMakeLists.txt),
    copied into the dlslime_torch package;
 2. the Python extensions, each linked against that one libdlslime.so with
-   rpath $ORIGIN, so every extension in the process shares one core.
+   rpath $ORIGIN, so every extension in the process shares one core:
+   dlslime_torch._C (C, CPython API) and dlslime_torch._shim (C++, the
+   torch.distributed backend, built with torch.utils.cpp_extension and
+   Ninja).
 
-Metadata lives in pyproject.toml.  Torch is deliberately not imported
-here: the torch shim extension (a later addition) will be appended to
-ext_modules by its own builder function.
+Metadata lives in pyproject.toml.  torch is imported only to build the
+shim; without torch the package builds _C alone and says so (the backend
+then reports itself unavailable at run time).
 """
 
 import filecmp
@@ -37,6 +40,14 @@ C_FLAGS = ["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror",
 # $ORIGIN: the extension finds libdlslime.so beside itself in the package,
 # wherever the package is installed.
 RPATH_ORIGIN = ["-Wl,-rpath,$ORIGIN"]
+# The shim's own warning discipline; torch's headers are included as
+# system headers (see dlslime_shim_extension) so their warnings stay out.
+CXX_FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden"]
+
+try:
+    from torch.utils import cpp_extension as torch_cpp_extension
+except ImportError:  # building without torch: _C only
+    torch_cpp_extension = None
 
 
 class BuildError(RuntimeError):
@@ -115,8 +126,39 @@ def dlslime_c_extension():
     )
 
 
-class BuildCoreThenExtensions(build_ext):
-    """build_ext that first builds libdlslime.so and puts it in the package."""
+def dlslime_shim_extension():
+    """dlslime_torch._shim: the c10d::Backend of the "dlslime" backend."""
+    sources = sorted(glob.glob(os.path.join(ROOT, "shim", "*.cpp")))
+    headers = (glob.glob(os.path.join(ROOT, "shim", "*.h"))
+               + glob.glob(os.path.join(ROOT, "csrc", "include", "dlslime", "*.h")))
+    ext = torch_cpp_extension.CppExtension(
+        f"{PACKAGE}._shim",
+        sources=[_relative(s) for s in sources],
+        depends=[_relative(h) for h in headers],
+        include_dirs=[os.path.join(ROOT, "csrc", "include")],
+        library_dirs=[CORE_BUILD_DIR],
+        libraries=["dlslime"],
+        extra_compile_args=list(CXX_FLAGS),
+        extra_link_args=RPATH_ORIGIN,
+    )
+    torch_includes = set(torch_cpp_extension.include_paths())
+    ext.include_dirs = [d for d in ext.include_dirs if d not in torch_includes]
+    for d in torch_cpp_extension.include_paths():
+        ext.extra_compile_args += ["-isystem", d]
+    return ext
+
+
+_BuildExtBase = (torch_cpp_extension.BuildExtension.with_options(use_ninja=True)
+                 if torch_cpp_extension else build_ext)
+
+
+class BuildCoreThenExtensions(_BuildExtBase):
+    """build_ext that first builds libdlslime.so and puts it in the package.
+
+    With torch, it is torch's BuildExtension (Ninja) for the shim; _C is
+    C, which torch's Ninja path would compile as C++, so _C goes through
+    setuptools' own compiler (build_extension below).
+    """
 
     def run(self):
         try:
@@ -156,6 +198,18 @@ class BuildCoreThenExtensions(build_ext):
         shutil.copy2(src, tmp)
         os.replace(tmp, dst)
 
+    def build_extension(self, ext):
+        if torch_cpp_extension is None or ext.name != f"{PACKAGE}._C":
+            return super().build_extension(ext)
+        # torch's BuildExtension replaced compile() on this compiler
+        # instance; the class's own compile() is setuptools' C path.
+        patched = self.compiler.__dict__.pop("compile", None)
+        try:
+            return super().build_extension(ext)
+        finally:
+            if patched is not None:
+                self.compiler.compile = patched
+
     def get_outputs(self):
         outputs = super().get_outputs()
         outputs.append(os.path.join(self.build_lib, PACKAGE, CORE_LIBRARY))
@@ -165,9 +219,16 @@ class BuildCoreThenExtensions(build_ext):
 if sysconfig.get_platform().split("-")[0] != "linux":
     sys.exit("dlslime-torch builds on Linux only")
 
+if torch_cpp_extension is None:
+    sys.stderr.write("note: torch is not installed; building dlslime_torch._C "
+                     "only (no torch.distributed backend)\n")
+
 setup(
-    ext_modules=[dlslime_c_extension()],
+    ext_modules=[dlslime_c_extension()]
+    + ([dlslime_shim_extension()] if torch_cpp_extension else []),
     cmdclass={"build_ext": BuildCoreThenExtensions},
-    # Keep setuptools' objects apart from the CMake tree in build/.
-    options={"build": {"build_base": os.path.join("build", "setuptools")}},
+    # Keep setuptools' objects apart from the CMake tree, inside the same
+    # build directory (DLSLIME_BUILD_DIR), so that two checkouts' builds
+    # with different build directories do not share object files.
+    options={"build": {"build_base": os.path.join(CORE_BUILD_DIR, "setuptools")}},
 )

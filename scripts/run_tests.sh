@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The test suite: C tests (plain, then ASan + UBSan) and the Python tests.
+# The test suite: C tests (plain, then ASan + UBSan), the Python tests
+# (binding and torch backend), the verbs tests (on an RDMA device, else in
+# a soft-RoCE VM: tests/verbs) and the torchrun examples.
 # Every stage runs even if an earlier one failed; the exit status is
 # non-zero if any stage failed.  Extra arguments go to pytest.
 set -uo pipefail
@@ -44,20 +46,49 @@ else
 fi
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
-section "Python tests"
-# Rebuild the extension in place first, so the tests never run against a
-# stale libdlslime.so or _C left by an earlier install.
+section "Python tests: the binding (tests/python) and the torch backend (tests/torch)"
+# Rebuild the extensions in place first, so the tests never run against a
+# stale libdlslime.so, _C or _shim left by an earlier install.
+python_built=0
 if "$PYTHON" setup.py -q build_ext --inplace; then
+    python_built=1
     # pytest exits 5 when it collects nothing: that is a failure here,
-    # since tests/python holds the binding's tests.
-    "$PYTHON" -m pytest "$@" || failed+=("Python tests (pytest exit $?)")
+    # since both directories hold tests.
+    "$PYTHON" -m pytest tests/python tests/torch "$@" || failed+=("Python tests (pytest exit $?)")
 else
     failed+=("Python extension build")
 fi
 
+section "verbs transport (RDMA device here, else soft-RoCE in a VM)"
+# After the Python stage: it needs the extension built in place.  Skipped,
+# with the reason printed, where neither a device nor the VM can be had.
+skipped=()
+bash tests/verbs/stage.sh "$DLSLIME_BUILD_DIR"
+case $? in
+0) ;;
+77) skipped+=("verbs tests (no RDMA device and no VM here; reason above)") ;;
+*) failed+=("verbs tests") ;;
+esac
+
+section "torchrun examples (2 ranks each)"
+# The in-tree package, as in the tests; a hung job is killed by timeout.
+if ((python_built)); then
+    for example in send_recv all_reduce ddp_train demo; do
+        echo "+ torchrun --standalone --nproc-per-node 2 examples/$example.py"
+        PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 300 \
+            "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 \
+            "examples/$example.py" || failed+=("example $example.py")
+    done
+else
+    failed+=("torchrun examples (no build)")
+fi
+
 section "summary"
+if ((${#skipped[@]})); then
+    printf 'SKIPPED: %s\n' "${skipped[@]}"
+fi
 if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "${failed[@]}"
     exit 1
 fi
-echo "all stages passed: C tests, C tests under ASan/UBSan, Python tests"
+echo "all stages passed: C tests, C tests under ASan/UBSan, Python tests, torchrun examples"

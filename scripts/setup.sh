@@ -29,9 +29,35 @@ else
     echo "cmake, ninja, gcc, g++ and ip are present"
 fi
 
+section "verbs: header and soft-RoCE VM packages"
+# The verbs transport builds against <infiniband/verbs.h> (libibverbs-dev;
+# libibverbs itself is loaded at run time).  Its tests run inside a QEMU VM
+# with soft-RoCE (tests/verbs/run_in_vm.sh, which downloads Debian's kernel
+# package itself): qemu, a static busybox, cpio, kmod, iproute2's `rdma`,
+# the rxe provider and ibv_devinfo.  Not rdma-core: it pulls udev and
+# systemd upgrades and nothing of it is used.
+verbs_packages=(libibverbs-dev ibverbs-providers ibverbs-utils qemu-system-x86 busybox-static cpio kmod iproute2)
+verbs_missing=()
+for p in "${verbs_packages[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || verbs_missing+=("$p")
+done
+if ((${#verbs_missing[@]})); then
+    sudo=""
+    if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+    echo "installing: ${verbs_missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # without them the verbs transport is compiled out or its tests skip,
+    # each saying why: worth a warning, not a failed setup
+    { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "${verbs_missing[@]}" </dev/null; } ||
+        echo "WARNING: could not install ${verbs_missing[*]}; the verbs tests will be skipped"
+else
+    echo "libibverbs-dev and the soft-RoCE VM packages are present"
+fi
+
 section "python packages"
 # torch is pinned: an unpinned torch pulls several GB of CUDA wheels.
-"$PYTHON" -m pip install -q "torch==2.13.0" pytest pytest-timeout numpy "setuptools>=64" wheel </dev/null
+# matplotlib draws the benchmark plots (bench/torch_dist_bench.py).
+"$PYTHON" -m pip install -q "torch==2.13.0" pytest pytest-timeout numpy matplotlib "setuptools>=64" wheel </dev/null
 
 section "dlslime-torch (editable)"
 "$PYTHON" -m pip install -q --no-build-isolation -e . </dev/null

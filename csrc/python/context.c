@@ -403,6 +403,15 @@ static PyObject *context_get_id(SlimeContextObject *self, void *Py_UNUSED(closur
     return PyLong_FromUnsignedLongLong(slime_ctx_id(self->ctx));
 }
 
+/* The C pointer as an int, so that other extensions in this process (the
+ * torch shim) use this very context rather than a second core. */
+static PyObject *context_get_handle(SlimeContextObject *self, void *Py_UNUSED(closure))
+{
+    if (!self->ctx)
+        return slime_py_raise_closed();
+    return PyLong_FromVoidPtr(self->ctx);
+}
+
 static PyObject *context_get_closed(SlimeContextObject *self, void *Py_UNUSED(closure))
 {
     return PyBool_FromLong(self->ctx == NULL);
@@ -454,6 +463,9 @@ static PyMethodDef context_methods[] = {
 static PyGetSetDef context_getset[] = {
     {"id", (getter)context_get_id, NULL, "the context's random 64-bit id", NULL},
     {"closed", (getter)context_get_closed, NULL, "True after close()", NULL},
+    {"handle", (getter)context_get_handle, NULL,
+     "the slime_ctx_t pointer as an int, for extensions in this process; "
+     "valid until close()", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -257,6 +257,15 @@ static PyObject *endpoint_get_status(SlimeEndpointObject *self,
     return PyLong_FromLong(slime_ep_status(self->ep));
 }
 
+/* The C pointer as an int, for the torch shim (see Context.handle). */
+static PyObject *endpoint_get_handle(SlimeEndpointObject *self,
+                                     void *Py_UNUSED(closure))
+{
+    if (!self->context->ctx)
+        return slime_py_raise_closed();
+    return PyLong_FromVoidPtr(self->ep);
+}
+
 static PyObject *endpoint_get_context(SlimeEndpointObject *self,
                                       void *Py_UNUSED(closure))
 {
@@ -316,6 +325,9 @@ static PyGetSetDef endpoint_getset[] = {
     {"status", (getter)endpoint_get_status, NULL,
      "OK while connected, else the status that closed it", NULL},
     {"context", (getter)endpoint_get_context, NULL, "the owning Context", NULL},
+    {"handle", (getter)endpoint_get_handle, NULL,
+     "the slime_ep_t pointer as an int, for extensions in this process; "
+     "valid until the Context is closed", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

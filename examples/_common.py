@@ -1,0 +1,65 @@
+"""Shared by the torchrun examples: start-up, checks, and a clean exit
+code.
+
+Each example is run as
+    torchrun --standalone --nproc-per-node 2 examples/<name>.py
+and exits non-zero when a check fails on any rank.
+"""
+
+import datetime
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import dlslime_torch  # noqa: F401  (registers the "dlslime" backend)
+
+TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def init():
+    """Joins the torchrun job on "dlslime"; returns (rank, world_size,
+    a Gloo group of every rank)."""
+    if "RANK" not in os.environ:
+        sys.exit(f"run me under torchrun, e.g.: torchrun --standalone "
+                 f"--nproc-per-node 2 {sys.argv[0]}")
+    torch.set_num_threads(1)
+    dist.init_process_group("dlslime", timeout=TIMEOUT)
+    return dist.get_rank(), dist.get_world_size(), dist.new_group(backend="gloo")
+
+
+def say(text):
+    # One write per line, so the ranks' lines do not interleave.
+    sys.stdout.write(f"[rank {dist.get_rank()}] {text}\n")
+    sys.stdout.flush()
+
+
+def check(ok, what):
+    if not ok:
+        raise AssertionError(f"check failed: {what}")
+
+
+def main(body):
+    """Runs body(rank, size, gloo) and exits 0 only if it passed on every
+    rank."""
+    rank, size, gloo = init()
+    failed = 0
+    try:
+        body(rank, size, gloo)
+    except Exception:  # report, then make the other ranks fail too
+        traceback.print_exc()
+        failed = 1
+    try:
+        # Agree on the outcome over Gloo, which works even if dlslime broke.
+        verdict = torch.tensor([failed])
+        dist.all_reduce(verdict, group=gloo)
+        failed = int(verdict.item())
+        dist.destroy_process_group()
+    except Exception:
+        traceback.print_exc()
+        failed = 1
+    if rank == 0:
+        print("FAILED" if failed else "OK: every check passed", flush=True)
+    sys.exit(1 if failed else 0)

@@ -1,0 +1,179 @@
+// backend.cpp - BackendDlslime's life cycle: the communicator, the
+// process-wide registry of comm ids, timeouts, posting.
+#include "backend.h"
+
+#include <map>
+#include <mutex>
+
+#include <c10/util/Exception.h>
+
+#include "errors.h"
+
+namespace dlslime_shim {
+
+namespace {
+
+// A collective's Work waits this much longer than the collective's own
+// timeout, so that the core's error (which names what it was waiting
+// for) arrives before the Work's generic one.
+constexpr std::chrono::milliseconds kCollectiveGrace{2000};
+
+// comm id -> the live backend using it.  Lock order: registry, then a
+// backend's comm_mu_.
+std::mutex& registry_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::map<uint32_t, BackendDlslime*>& registry() {
+  static std::map<uint32_t, BackendDlslime*> live;
+  return live;
+}
+
+} // namespace
+
+BackendDlslime::BackendDlslime(int rank, int size, slime_ctx_t* ctx,
+                               std::vector<slime_ep_t*> peers,
+                               uint32_t comm_id,
+                               std::chrono::milliseconds timeout,
+                               std::string group_name)
+    : c10d::Backend(rank, size),
+      comm_id_(comm_id),
+      group_name_(std::move(group_name)),
+      timeout_ms_(timeout.count()) {
+  TORCH_CHECK(ctx, "dlslime: process group '", group_name_,
+              "': no context");
+  TORCH_CHECK(static_cast<int>(peers.size()) == size, "dlslime: process ",
+              "group '", group_name_, "': ", peers.size(),
+              " endpoints for ", size, " ranks");
+  TORCH_CHECK(comm_id > 0 && comm_id <= 0xffff, "dlslime: comm id ", comm_id,
+              " is outside 1..65535");
+  TORCH_CHECK(timeout.count() > 0, "dlslime: process group '", group_name_,
+              "': the timeout must be positive, got ", timeout.count(),
+              " ms");
+  std::lock_guard<std::mutex> registry_lock(registry_mutex());
+  auto taken = registry().find(comm_id);
+  TORCH_CHECK(taken == registry().end(), "dlslime: comm id ", comm_id,
+              " of process group '", group_name_,
+              "' is already used by the live process group '",
+              taken == registry().end() ? "" : taken->second->group_name(),
+              "' in this process");
+  slime_status_t st = slime_comm_create(ctx, comm_id, rank, size,
+                                        peers.data(), timeout.count(),
+                                        &comm_);
+  if (st != SLIME_OK)
+    throw_last_error("creating the communicator of process group '" +
+                     group_name_ + "'", st);
+  registry()[comm_id] = this;
+  init();
+}
+
+BackendDlslime::~BackendDlslime() {
+  shutdown();
+}
+
+std::string BackendDlslime::comm_id_owner(uint32_t comm_id) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(comm_id);
+  return it == registry().end() ? std::string() : it->second->group_name();
+}
+
+void BackendDlslime::shutdown_all() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  // destroy_comm_locked erases from the registry.
+  while (!registry().empty())
+    registry().begin()->second->destroy_comm_locked();
+}
+
+void BackendDlslime::destroy_comm_locked() {
+  std::unique_lock<std::shared_mutex> lock(comm_mu_);
+  if (!comm_)
+    return;
+  // Fails what is still queued with SLIME_ERR_CLOSED; those Works'
+  // callbacks run and report it.
+  slime_comm_destroy(comm_);
+  comm_ = nullptr;
+  auto it = registry().find(comm_id_);
+  if (it != registry().end() && it->second == this)
+    registry().erase(it);
+}
+
+void BackendDlslime::shutdown() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  destroy_comm_locked();
+}
+
+void BackendDlslime::abort() {
+  shutdown();
+}
+
+bool BackendDlslime::is_shut_down() {
+  std::shared_lock<std::shared_mutex> lock(comm_mu_);
+  return comm_ == nullptr;
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> BackendDlslime::getBackendOptions() {
+  auto opts = c10::make_intrusive<Options>(
+      kName, std::chrono::milliseconds(timeout_ms_.load()));
+  opts->group_name = group_name_;
+  return opts;
+}
+
+void BackendDlslime::setTimeout(std::chrono::milliseconds timeout) {
+  TORCH_CHECK(timeout.count() > 0, "dlslime: setTimeout: the timeout must "
+              "be positive, got ", timeout.count(), " ms");
+  timeout_ms_.store(timeout.count());
+  std::shared_lock<std::shared_mutex> lock(comm_mu_);
+  if (comm_)
+    slime_comm_set_timeout(comm_, timeout.count());
+}
+
+void BackendDlslime::setSequenceNumberForGroup() {
+  // Every rank starts its communicator at 0: nothing to agree on.
+}
+
+uint64_t BackendDlslime::getSequenceNumberForGroup() {
+  return seq_.load();
+}
+
+std::chrono::milliseconds BackendDlslime::timeout_of(
+    std::chrono::milliseconds op) const {
+  return op == c10d::kUnsetTimeout
+      ? std::chrono::milliseconds(timeout_ms_.load())
+      : op;
+}
+
+c10::intrusive_ptr<c10d::Work> BackendDlslime::post(WorkSpec spec,
+                                                    const Issue& issue) {
+  std::string what = spec.what;
+  auto work = c10::make_intrusive<WorkDlslime>(rank_, std::move(spec));
+  slime_req_t* req = nullptr;
+  {
+    std::shared_lock<std::shared_mutex> lock(comm_mu_);
+    TORCH_CHECK(comm_, "dlslime: ", what, " on process group '", group_name_,
+                "', which was shut down (destroy_process_group)");
+    slime_status_t st = issue(comm_, &req);
+    if (st != SLIME_OK)
+      throw_last_error(what, st);
+  }
+  // Outside the lock: the callback may run right here if req is done.
+  WorkDlslime::arm(work, req);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> BackendDlslime::post_collective(
+    WorkSpec spec, std::chrono::milliseconds op_timeout, const Issue& issue) {
+  spec.timeout = timeout_of(op_timeout) + kCollectiveGrace;
+  auto work = post(std::move(spec), issue);
+  seq_.fetch_add(1);
+  return work;
+}
+
+int BackendDlslime::source_of(slime_req_t* req) {
+  std::shared_lock<std::shared_mutex> lock(comm_mu_);
+  TORCH_CHECK(comm_, "dlslime: the source rank of a receive on process "
+              "group '", group_name_, "', which was shut down");
+  return slime_comm_req_source(comm_, req);
+}
+
+} // namespace dlslime_shim

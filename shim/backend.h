@@ -1,0 +1,147 @@
+// backend.h - BackendDlslime, the c10d::Backend of torch.distributed's
+// "dlslime" backend.
+//
+// One object per process group: it owns one libdlslime communicator
+// (slime_comm_t) over endpoints of the process-wide context that
+// dlslime_torch.runtime made and connected (through the c10d Store).  The
+// ops translate tensors into (pointer, size, dtype) for the C API and
+// return WorkDlslime; the algorithms live in the core.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <dlslime/dlslime.h>
+
+#include "work.h"
+
+namespace dlslime_shim {
+
+class BackendDlslime : public c10d::Backend {
+ public:
+  static constexpr const char* kName = "dlslime";
+
+  // peers[r]: the endpoint to rank r (peers[rank] unused).  comm_id must
+  // be the same on every rank and not used by a live communicator of
+  // this process (see comm_id_owner).
+  BackendDlslime(int rank, int size, slime_ctx_t* ctx,
+                 std::vector<slime_ep_t*> peers, uint32_t comm_id,
+                 std::chrono::milliseconds timeout, std::string group_name);
+  ~BackendDlslime() override;
+
+  // The group name of the live communicator using comm_id in this
+  // process, or "" if none does.
+  static std::string comm_id_owner(uint32_t comm_id);
+  // Shuts down every live BackendDlslime (before the context is closed
+  // at exit).
+  static void shutdown_all();
+
+  uint32_t comm_id() const { return comm_id_; }
+  const std::string& group_name() const { return group_name_; }
+  bool is_shut_down();
+
+  const std::string getBackendName() const override { return kName; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void shutdown() override;
+  void abort() override;
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+
+  // ops_p2p.cpp
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors,
+                                      int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors,
+                                      int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(
+      std::vector<at::Tensor>& tensors, int tag) override;
+
+  // ops_reduce.cpp
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts) override;
+
+  // ops_gather.cpp
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts) override;
+
+  // ops_alltoall.cpp
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output, at::Tensor& input,
+      std::vector<int64_t>& output_split_sizes,
+      std::vector<int64_t>& input_split_sizes,
+      const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllToAllOptions& opts) override;
+
+  // monitored_barrier.cpp
+  void monitoredBarrier(const c10d::BarrierOptions& opts,
+                        bool wait_all_ranks) override;
+
+ private:
+  using Issue = std::function<slime_status_t(slime_comm_t*, slime_req_t**)>;
+
+  // Posts one C operation (issue) and returns its Work; throws with the
+  // C library's text if posting fails.
+  c10::intrusive_ptr<c10d::Work> post(WorkSpec spec, const Issue& issue);
+  // Posts a collective: counts it and bounds its Work's wait().
+  c10::intrusive_ptr<c10d::Work> post_collective(
+      WorkSpec spec, std::chrono::milliseconds op_timeout,
+      const Issue& issue);
+  // The timeout an op runs under: its own if set, else the group's.
+  std::chrono::milliseconds timeout_of(std::chrono::milliseconds op) const;
+  // The rank a completed recv-from-any came from.
+  int source_of(slime_req_t* req);
+  // Destroys the communicator; caller holds the registry lock.
+  void destroy_comm_locked();
+
+  const uint32_t comm_id_;
+  const std::string group_name_;
+  std::atomic<int64_t> timeout_ms_;
+  std::atomic<uint64_t> seq_{0};
+  uint64_t monitor_seq_ = 0;
+  // Shared while an op posts on comm_, exclusive to destroy it.
+  std::shared_mutex comm_mu_;
+  slime_comm_t* comm_ = nullptr;
+};
+
+} // namespace dlslime_shim

@@ -1,0 +1,35 @@
+// op_spec.h - the WorkSpec of a collective whose buffers were staged.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "staging.h"
+#include "work.h"
+
+namespace dlslime_shim {
+
+// The Work's success action: the staging copies back to the caller's
+// tensors (nullptr when there are none).
+inline std::function<void(slime_req_t*)> copy_back_of(const Staging& staging) {
+  auto copy_back = staging.copy_back();
+  if (!copy_back)
+    return nullptr;
+  return [copy_back](slime_req_t*) { copy_back(); };
+}
+
+inline WorkSpec collective_spec(c10d::OpType type, const char* title,
+                                const char* what,
+                                std::vector<at::Tensor> outputs,
+                                const Staging& staging) {
+  WorkSpec spec;
+  spec.type = type;
+  spec.profiling_title = title;
+  spec.what = what;
+  spec.outputs = std::move(outputs);
+  spec.keep_alive = staging.keep_alive();
+  spec.on_success = copy_back_of(staging);
+  return spec;
+}
+
+} // namespace dlslime_shim

@@ -1,0 +1,114 @@
+// staging.cpp - see staging.h.
+#include "staging.h"
+
+namespace dlslime_shim {
+
+namespace {
+
+// Views a contiguous tensor's storage as bytes.
+at::Tensor as_bytes(const at::Tensor& t) {
+  return t.reshape({-1}).view(at::kByte);
+}
+
+// Copies bytes (a contiguous byte tensor of t's size) into t, whatever
+// t's layout: a byte slice may sit at an offset t's dtype cannot view.
+void copy_bytes_into(const at::Tensor& t, const at::Tensor& bytes) {
+  if (t.is_contiguous()) {
+    as_bytes(t).copy_(bytes);
+    return;
+  }
+  at::Tensor tmp = at::empty(t.sizes(), t.options());
+  as_bytes(tmp).copy_(bytes);
+  t.copy_(tmp);
+}
+
+} // namespace
+
+void* data_of(const at::Tensor& t) {
+  // An empty tensor may have no storage; the C library still wants a
+  // valid address for a zero-length buffer.
+  static char empty;
+  void* p = t.numel() ? t.data_ptr() : nullptr;
+  return p ? p : &empty;
+}
+
+at::Tensor Staging::input(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  keep_.push_back(t);
+  keep_.push_back(c);
+  return c;
+}
+
+at::Tensor Staging::output(const at::Tensor& t, bool copy_in) {
+  keep_.push_back(t);
+  if (t.is_contiguous())
+    return t;
+  at::Tensor c = copy_in ? t.contiguous()
+                         : at::empty(t.sizes(), t.options());
+  keep_.push_back(c);
+  back_.push_back([c, t]() { t.copy_(c); });
+  return c;
+}
+
+at::Tensor Staging::scratch(const at::Tensor& t) {
+  at::Tensor c = t.clone(at::MemoryFormat::Contiguous);
+  keep_.push_back(c);
+  return c;
+}
+
+at::Tensor Staging::flat(const std::vector<at::Tensor>& tensors,
+                         at::ScalarType dtype, bool copy_in, bool copy_out) {
+  int64_t total = 0;
+  for (const auto& t : tensors)
+    total += t.numel();
+  at::Tensor buf = at::empty({total}, at::TensorOptions().dtype(dtype));
+  keep_.push_back(buf);
+  int64_t off = 0;
+  for (const auto& t : tensors) {
+    at::Tensor slice = buf.narrow(0, off, t.numel()).view(t.sizes());
+    off += t.numel();
+    keep_.push_back(t);
+    if (copy_in)
+      slice.copy_(t);
+    if (copy_out)
+      back_.push_back([slice, t]() { t.copy_(slice); });
+  }
+  return buf;
+}
+
+at::Tensor Staging::flat_bytes(const std::vector<at::Tensor>& tensors,
+                               bool copy_in, bool copy_out) {
+  int64_t total = 0;
+  for (const auto& t : tensors)
+    total += static_cast<int64_t>(t.nbytes());
+  at::Tensor buf = at::empty({total}, at::TensorOptions().dtype(at::kByte));
+  keep_.push_back(buf);
+  int64_t off = 0;
+  for (const auto& t : tensors) {
+    int64_t n = static_cast<int64_t>(t.nbytes());
+    at::Tensor slice = buf.narrow(0, off, n);
+    off += n;
+    keep_.push_back(t);
+    if (copy_in && n)
+      slice.copy_(as_bytes(t.contiguous()));
+    if (copy_out && n)
+      back_.push_back([slice, t]() { copy_bytes_into(t, slice); });
+  }
+  return buf;
+}
+
+std::vector<at::Tensor> Staging::keep_alive() const {
+  return keep_;
+}
+
+std::function<void()> Staging::copy_back() const {
+  if (back_.empty())
+    return nullptr;
+  auto copies = back_;
+  return [copies] {
+    for (const auto& copy : copies)
+      copy();
+  };
+}
+
+} // namespace dlslime_shim

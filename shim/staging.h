@@ -1,0 +1,51 @@
+// staging.h - contiguous buffers for the C library.
+//
+// libdlslime takes (pointer, bytes).  A contiguous tensor is used as is;
+// any other is copied into a contiguous buffer first (inputs) and/or
+// copied back once the operation succeeded (outputs).  Lists of tensors
+// go through one flat buffer, so that one collective moves them all.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace dlslime_shim {
+
+class Staging {
+ public:
+  // A contiguous tensor with t's content; t itself when contiguous.
+  at::Tensor input(const at::Tensor& t);
+  // A contiguous tensor the op writes, copied into t afterwards when it
+  // is not t itself.  copy_in: the op also reads it (in-place ops).
+  at::Tensor output(const at::Tensor& t, bool copy_in);
+  // A private contiguous copy of t, for an op that may overwrite its
+  // buffer (reduce on a non-root rank) while t must stay as it was.
+  at::Tensor scratch(const at::Tensor& t);
+  // One flat 1-D buffer holding the tensors one after another (all of
+  // dtype `dtype`), filled when copy_in.  Each tensor's slice is copied
+  // back to it after success when copy_out.
+  at::Tensor flat(const std::vector<at::Tensor>& tensors, at::ScalarType dtype,
+                  bool copy_in, bool copy_out);
+  // A byte buffer holding the tensors' bytes one after another (any
+  // dtypes), as flat() but by bytes.
+  at::Tensor flat_bytes(const std::vector<at::Tensor>& tensors, bool copy_in,
+                        bool copy_out);
+
+  // Every tensor the C library may touch, to keep alive until it is done.
+  std::vector<at::Tensor> keep_alive() const;
+  // The copies back into the caller's tensors, to run after success.
+  std::function<void()> copy_back() const;
+
+ private:
+  std::vector<at::Tensor> keep_;
+  std::vector<std::function<void()>> back_;
+};
+
+// Data pointer the C library may be given for t (never NULL, even for
+// an empty tensor).
+void* data_of(const at::Tensor& t);
+
+} // namespace dlslime_shim
