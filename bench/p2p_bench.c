@@ -2,7 +2,7 @@
  * p2p_bench - point-to-point latency and bandwidth of libdlslime, measured
  * next to the physical references of the same machine.
  *
- *   p2p_bench slime  --transport shm|tcp [--ops LIST] --sizes LIST
+ *   p2p_bench slime  --transport shm|tcp|verbs [--ops LIST] --sizes LIST
  *   p2p_bench socket [--ops LIST] --sizes LIST   plain blocking TCP, loopback
  *   p2p_bench memcpy --sizes LIST                single-thread memcpy
  *
@@ -891,6 +891,9 @@ static int run_pair(const struct options *o)
         fail("fork: %s", strerror(errno));
     if (pid == 0) {
         g_role = "target";
+        /* one local rank each: verbs puts them on different devices
+         * where $DLSLIME_VERBS_DEVICES lists several */
+        setenv("LOCAL_RANK", "1", 1);
         /* never outlive the initiator, even when it is killed */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() == 1)
@@ -905,6 +908,7 @@ static int run_pair(const struct options *o)
         _exit(0);
     }
     g_role = "initiator";
+    setenv("LOCAL_RANK", "0", 1);
     close(sv[1]);
     if (o->bench == BENCH_SLIME)
         slime_initiator(o, sv[0], token, sizeof token);
@@ -925,7 +929,7 @@ static _Noreturn void usage(const char *why)
 {
     fprintf(stderr,
             "p2p_bench: %s\n"
-            "usage: p2p_bench slime --transport shm|tcp [--ops LIST] --sizes LIST [opts]\n"
+            "usage: p2p_bench slime --transport shm|tcp|verbs [--ops LIST] --sizes LIST [opts]\n"
             "       p2p_bench socket [--ops LIST] --sizes LIST [opts]\n"
             "       p2p_bench memcpy --sizes LIST [opts]\n"
             "opts:  --time S  --min-iters N  --max-iters N  --deadline S\n",
@@ -1034,8 +1038,9 @@ static void parse_args(int argc, char **argv, struct options *o)
     if (o->deadline_s < 1)
         usage("--deadline must be at least 1 second");
     if (o->bench == BENCH_SLIME &&
-        (!o->transport || (strcmp(o->transport, "shm") && strcmp(o->transport, "tcp"))))
-        usage("slime needs --transport shm or tcp");
+        (!o->transport ||
+         (strcmp(o->transport, "shm") && strcmp(o->transport, "tcp") && strcmp(o->transport, "verbs"))))
+        usage("slime needs --transport shm, tcp or verbs");
 }
 
 int main(int argc, char **argv)
