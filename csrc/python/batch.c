@@ -193,7 +193,7 @@ PyObject *slime_py_batch(SlimeContextObject *context, PyObject *ops_obj)
         slime_py_raise_last(st);
         goto fail;
     }
-    result = slime_py_request_new(context, req, hold);
+    result = slime_py_request_new(context, SLIME_OK, req, hold);
     hold = NULL;
 fail:
     slime_py_hold_release(hold);

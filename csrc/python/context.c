@@ -384,11 +384,7 @@ static PyObject *context_recv_any(SlimeContextObject *self, PyObject *args,
     st = slime_recv_any(ctx, buf->ptr, buf->len, tag, &req);
     Py_END_ALLOW_THREADS
     slime_py_context_end_call(self, 0);
-    if (st != SLIME_OK) {
-        slime_py_hold_release(hold);
-        return slime_py_raise_last(st);
-    }
-    return slime_py_request_new(self, req, hold);
+    return slime_py_request_new(self, st, req, hold);
 }
 
 static PyObject *context_batch(SlimeContextObject *self, PyObject *ops)

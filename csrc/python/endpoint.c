@@ -105,11 +105,7 @@ static PyObject *post_message(SlimeEndpointObject *self, PyObject *args,
                  : slime_send(ep, buf->ptr, buf->len, tag, &req);
     Py_END_ALLOW_THREADS
     slime_py_context_end_call(self->context, 0);
-    if (st != SLIME_OK) {
-        slime_py_hold_release(hold);
-        return slime_py_raise_last(st);
-    }
-    return slime_py_request_new(self->context, req, hold);
+    return slime_py_request_new(self->context, st, req, hold);
 }
 
 static PyObject *endpoint_send(SlimeEndpointObject *self, PyObject *args,
@@ -180,11 +176,7 @@ static PyObject *post_one_sided(SlimeEndpointObject *self, PyObject *args,
     }
     Py_END_ALLOW_THREADS
     slime_py_context_end_call(self->context, 0);
-    if (st != SLIME_OK) {
-        slime_py_hold_release(hold);
-        return slime_py_raise_last(st);
-    }
-    return slime_py_request_new(self->context, req, hold);
+    return slime_py_request_new(self->context, st, req, hold);
 }
 
 static PyObject *endpoint_read(SlimeEndpointObject *self, PyObject *args,
@@ -217,9 +209,7 @@ static PyObject *endpoint_imm_recv(SlimeEndpointObject *self,
     st = slime_imm_recv(ep, &req);
     Py_END_ALLOW_THREADS
     slime_py_context_end_call(self->context, 0);
-    if (st != SLIME_OK)
-        return slime_py_raise_last(st);
-    return slime_py_request_new(self->context, req, NULL);
+    return slime_py_request_new(self->context, st, req, NULL);
 }
 
 static PyObject *endpoint_close(SlimeEndpointObject *self,

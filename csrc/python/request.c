@@ -160,9 +160,14 @@ static void discard(SlimeContextObject *context, slime_req_t *req,
         slime_py_hold_release(hold);
 }
 
-PyObject *slime_py_request_new(SlimeContextObject *context, slime_req_t *req,
-                               slime_py_hold_t *hold)
+PyObject *slime_py_request_new(SlimeContextObject *context, slime_status_t posted,
+                               slime_req_t *req, slime_py_hold_t *hold)
 {
+    if (posted != SLIME_OK) { /* nothing was posted: nothing to hold */
+        if (hold)
+            slime_py_hold_release(hold);
+        return slime_py_raise_last(posted);
+    }
     SlimeRequestObject *self = (SlimeRequestObject *)
         SlimeRequest_Type.tp_alloc(&SlimeRequest_Type, 0);
     if (!self) {

@@ -129,10 +129,11 @@ SlimeMemoryRegionObject *slime_py_mr_of(SlimeContextObject *context,
                                         PyObject *obj);
 
 /* request.c */
-/* Wraps req; takes ownership of hold (may be NULL).  On failure frees
- * req and releases hold. */
-PyObject *slime_py_request_new(SlimeContextObject *context, slime_req_t *req,
-                               slime_py_hold_t *hold);
+/* Wraps req, the outcome of a post that returned `posted`; takes
+ * ownership of hold (may be NULL).  If the post failed, releases hold and
+ * raises its error; on a failure here, frees req and releases hold. */
+PyObject *slime_py_request_new(SlimeContextObject *context, slime_status_t posted,
+                               slime_req_t *req, slime_py_hold_t *hold);
 PyObject *slime_py_wait_all(PyObject *module, PyObject *args, PyObject *kwargs);
 
 /* batch.c */

@@ -1,7 +1,10 @@
 #include "transport/sockio.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <string.h>
 #include <unistd.h>
@@ -59,4 +62,61 @@ slime_status_t sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns) 
 void sock_set_nonblock(int fd) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+void sock_tune_tcp(int fd) {
+    int one = 1, idle = 5, intvl = 1, cnt = 3;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+}
+
+slime_status_t sock_connect_tcp(const char *who, uint32_t host, uint16_t port, uint64_t deadline,
+                                int *fd_out) {
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &host, ip, sizeof ip);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return slime_errorf(SLIME_ERR_SYSTEM, "%s: socket: %s", who, strerror(errno));
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = host;
+    slime_status_t st;
+    int err = 0;
+    socklen_t el = sizeof err;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) {
+        st = slime_errorf(SLIME_ERR_PEER_LOST, "%s: connect to %s:%u: %s", who, ip, port, strerror(errno));
+        goto fail;
+    }
+    if (sock_wait(fd, POLLOUT, deadline) == 0) {
+        st = slime_errorf(SLIME_ERR_TIMEOUT, "%s: connect to %s:%u timed out", who, ip, port);
+        goto fail;
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err) {
+        st = slime_errorf(SLIME_ERR_PEER_LOST, "%s: connect to %s:%u: %s", who, ip, port,
+                          strerror(err ? err : errno));
+        goto fail;
+    }
+    sock_tune_tcp(fd);
+    *fd_out = fd;
+    return SLIME_OK;
+fail:
+    close(fd);
+    return st;
+}
+
+int sock_peer_hosts(const slime_ctx_t *ctx, const wire_addr_t *peer, uint32_t order[]) {
+    int n = 0;
+    if (address_same_host(&ctx->addr, peer)) order[n++] = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < peer->n_hosts && i < WIRE_MAX_HOSTS; i++)
+        if (n == 0 || peer->hosts[i] != order[0]) order[n++] = peer->hosts[i];
+    return n;
+}
+
+uint64_t sock_try_deadline(uint64_t deadline, int i, int n) {
+    uint64_t now = now_ns();
+    if (now >= deadline) return now;
+    uint64_t slice = (deadline - now) / (uint64_t)(n - i);
+    if (slice < 1000000000ull) slice = deadline - now;
+    return now + slice;
 }

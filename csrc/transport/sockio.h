@@ -16,4 +16,21 @@ slime_status_t sock_sendmsg_all(int fd, struct msghdr *msg, uint64_t deadline_ns
 slime_status_t sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns);
 void sock_set_nonblock(int fd);
 
+/* TCP_NODELAY, and keepalive so a host that vanishes without a FIN is
+ * noticed within seconds. */
+void sock_tune_tcp(int fd);
+/* Connects a non-blocking tcp socket to host:port (IPv4, network order)
+ * by deadline and tunes it; `who` prefixes the error text. */
+slime_status_t sock_connect_tcp(const char *who, uint32_t host, uint16_t port, uint64_t deadline,
+                                int *fd_out);
+/* The order in which to try a peer's tcp addresses: loopback first for a
+ * peer on this host, then the ones it advertises.  Returns how many. */
+struct slime_ctx;
+struct wire_addr;
+int sock_peer_hosts(const struct slime_ctx *ctx, const struct wire_addr *peer,
+                    uint32_t order[]);
+/* The deadline for try i of n: an equal share of what is left, but at
+ * least a second (or all of it). */
+uint64_t sock_try_deadline(uint64_t deadline, int i, int n);
+
 #endif

@@ -4,7 +4,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -20,16 +19,6 @@ typedef struct tcp_conn {
     size_t stage_off, stage_len;
     uint8_t stage[STAGE_SIZE];
 } tcp_conn_t;
-
-static void tcp_tune(int fd) {
-    int one = 1, idle = 5, intvl = 1, cnt = 3;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    /* a host that vanishes without a FIN is noticed within seconds */
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-}
 
 static tcp_conn_t *tcp_conn_new(int fd) {
     tcp_conn_t *c = malloc(sizeof *c);
@@ -70,44 +59,27 @@ void listener_accept(slime_ctx_t *ctx, int lfd, int transport) {
     for (int i = 0; i < 64; i++) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return; /* EAGAIN, or a connection that died already */
-        if (transport == WIRE_TRANSPORT_TCP) tcp_tune(fd);
+        if (transport == WIRE_TRANSPORT_TCP) sock_tune_tcp(fd);
         pending_conn_add(ctx, fd, transport);
     }
 }
 
 static slime_status_t dial_one(slime_ctx_t *ctx, uint32_t host, uint16_t port,
                                uint64_t deadline, int *fd_out, wire_welcome_t *w) {
-    char ip[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &host, ip, sizeof ip);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return slime_errorf(SLIME_ERR_SYSTEM, "socket: %s", strerror(errno));
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-    sa.sin_addr.s_addr = host;
-    slime_status_t st;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) {
-        st = slime_errorf(SLIME_ERR_PEER_LOST, "tcp connect to %s:%u: %s", ip, port, strerror(errno));
-        goto fail;
-    }
-    int r = sock_wait(fd, POLLOUT, deadline);
-    int err = 0;
-    socklen_t el = sizeof err;
-    if (r == 0) { st = slime_errorf(SLIME_ERR_TIMEOUT, "tcp connect to %s:%u timed out", ip, port); goto fail; }
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err) {
-        st = slime_errorf(SLIME_ERR_PEER_LOST, "tcp connect to %s:%u: %s", ip, port, strerror(err ? err : errno));
-        goto fail;
-    }
-    tcp_tune(fd);
+    int fd;
+    slime_status_t st = sock_connect_tcp("tcp", host, port, deadline, &fd);
+    if (st != SLIME_OK) return st;
     wire_hello_t h;
     hello_fill(ctx, WIRE_TRANSPORT_TCP, &h);
     struct iovec iov = {.iov_base = &h, .iov_len = sizeof h};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if ((st = sock_sendmsg_all(fd, &msg, deadline)) != SLIME_OK) goto fail;
-    if ((st = sock_recv_all(fd, w, sizeof *w, deadline)) != SLIME_OK) goto fail;
+    if ((st = sock_sendmsg_all(fd, &msg, deadline)) != SLIME_OK ||
+        (st = sock_recv_all(fd, w, sizeof *w, deadline)) != SLIME_OK) {
+        close(fd);
+        return st;
+    }
     *fd_out = fd;
     return SLIME_OK;
-fail:
-    close(fd);
-    return st;
 }
 
 static slime_status_t tcp_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t deadline,
@@ -115,20 +87,11 @@ static slime_status_t tcp_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64
     if (!(peer->flags & ADDR_HAS_TCP) || peer->n_hosts == 0)
         return slime_errorf(SLIME_ERR_UNSUPPORTED, "peer %016llx has no tcp listener",
                             (unsigned long long)peer->ctx_id);
-    /* a peer on this host is reached over loopback first */
     uint32_t order[WIRE_MAX_HOSTS + 1];
-    int n = 0;
-    if (address_same_host(&ctx->addr, peer)) order[n++] = htonl(INADDR_LOOPBACK);
-    for (int i = 0; i < peer->n_hosts && i < WIRE_MAX_HOSTS; i++)
-        if (n == 0 || peer->hosts[i] != order[0]) order[n++] = peer->hosts[i];
+    int n = sock_peer_hosts(ctx, peer, order);
     slime_status_t st = SLIME_ERR_PEER_LOST;
-    for (int i = 0; i < n; i++) {
-        uint64_t now = now_ns();
-        if (now >= deadline) break;
-        /* leave time for the remaining addresses */
-        uint64_t slice = (deadline - now) / (uint64_t)(n - i);
-        if (slice < 1000000000ull) slice = deadline - now;
-        st = dial_one(ctx, order[i], peer->tcp_port, now + slice, fd, w);
+    for (int i = 0; i < n && now_ns() < deadline; i++) {
+        st = dial_one(ctx, order[i], peer->tcp_port, sock_try_deadline(deadline, i, n), fd, w);
         if (st == SLIME_OK) {
             if (!(*conn = tcp_conn_new(*fd))) { close(*fd); return slime_errorf(SLIME_ERR_NOMEM, "tcp conn"); }
             return SLIME_OK;

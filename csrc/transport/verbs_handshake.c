@@ -15,7 +15,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -23,46 +22,6 @@
 
 #include "transport/sockio.h"
 #include "transport/verbs_internal.h"
-
-static void tune(int fd) {
-    int one = 1, idle = 5, intvl = 1, cnt = 3;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    /* a host that vanishes without a FIN is noticed within seconds */
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-}
-
-static slime_status_t connect_one(uint32_t host, uint16_t port, uint64_t deadline, int *fd_out) {
-    char ip[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &host, ip, sizeof ip);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return slime_errorf(SLIME_ERR_SYSTEM, "socket: %s", strerror(errno));
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-    sa.sin_addr.s_addr = host;
-    slime_status_t st;
-    int err = 0;
-    socklen_t el = sizeof err;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) {
-        st = slime_errorf(SLIME_ERR_PEER_LOST, "verbs: tcp connect to %s:%u: %s", ip, port, strerror(errno));
-        goto fail;
-    }
-    if (sock_wait(fd, POLLOUT, deadline) == 0) {
-        st = slime_errorf(SLIME_ERR_TIMEOUT, "verbs: tcp connect to %s:%u timed out", ip, port);
-        goto fail;
-    }
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err) {
-        st = slime_errorf(SLIME_ERR_PEER_LOST, "verbs: tcp connect to %s:%u: %s", ip, port, strerror(err ? err : errno));
-        goto fail;
-    }
-    tune(fd);
-    *fd_out = fd;
-    return SLIME_OK;
-fail:
-    close(fd);
-    return st;
-}
 
 /* The hello + our info on a connected socket, then the welcome. */
 static slime_status_t greet(slime_ctx_t *ctx, int fd, const wire_verbs_info_t *mine, uint64_t deadline,
@@ -89,21 +48,14 @@ static slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint
     if (st != SLIME_OK) return st;
     wire_verbs_info_t mine, theirs;
     vconn_info(c, &mine);
-    /* a peer on this host is reached over loopback first (as tcp does) */
     uint32_t order[WIRE_MAX_HOSTS + 1];
-    int n = 0;
-    if (address_same_host(&ctx->addr, peer)) order[n++] = htonl(INADDR_LOOPBACK);
-    for (int i = 0; i < peer->n_hosts && i < WIRE_MAX_HOSTS; i++)
-        if (n == 0 || peer->hosts[i] != order[0]) order[n++] = peer->hosts[i];
+    int n = sock_peer_hosts(ctx, peer, order);
     st = slime_errorf(SLIME_ERR_PEER_LOST, "verbs: no address of the peer answered");
     int fd = -1;
-    for (int i = 0; i < n; i++) {
-        uint64_t now = now_ns();
-        if (now >= deadline) break;
-        uint64_t slice = (deadline - now) / (uint64_t)(n - i);
-        if (slice < 1000000000ull) slice = deadline - now;
-        st = connect_one(order[i], peer->tcp_port, now + slice, &fd);
-        if (st == SLIME_OK && (st = greet(ctx, fd, &mine, now + slice, w)) != SLIME_OK) {
+    for (int i = 0; i < n && now_ns() < deadline; i++) {
+        uint64_t until = sock_try_deadline(deadline, i, n);
+        st = sock_connect_tcp("verbs: tcp", order[i], peer->tcp_port, until, &fd);
+        if (st == SLIME_OK && (st = greet(ctx, fd, &mine, until, w)) != SLIME_OK) {
             close(fd);
             fd = -1;
         }
