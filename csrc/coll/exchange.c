@@ -84,7 +84,9 @@ static void slot_free(coll_run_t *r, int h) {
     while (r->nx > 0 && !r->x[r->nx - 1].req) r->nx--;
 }
 
-static int post(coll_run_t *r, bool is_recv, int peer, uint32_t step, void *buf, size_t len) {
+/* Takes a slot for a transfer with peer at step; -1 (the run failed) if
+ * the run is over or no slot could be had. */
+static int slot_begin(coll_run_t *r, int peer, uint32_t step, bool is_recv, bool is_read, size_t len) {
     if (!run_ok(r)) return -1;
     int h = slot_new(r);
     if (h < 0) {
@@ -95,18 +97,29 @@ static int post(coll_run_t *r, bool is_recv, int peer, uint32_t step, void *buf,
     x->peer = peer;
     x->step = step;
     x->is_recv = is_recv;
-    x->is_read = false;
+    x->is_read = is_read;
     x->expect = len;
+    return h;
+}
+
+/* The slot's request was posted with status st: h, or -1 (the run failed). */
+static int slot_posted(coll_run_t *r, int h, slime_status_t st) {
+    if (st == SLIME_OK) return h;
+    xfer_t *x = &r->x[h];
+    x->req = NULL;
+    fail_at(r, st, x, "%s", slime_last_error());
+    return -1;
+}
+
+static int post(coll_run_t *r, bool is_recv, int peer, uint32_t step, void *buf, size_t len) {
+    int h = slot_begin(r, peer, step, is_recv, false, len);
+    if (h < 0) return -1;
     slime_comm_t *c = r->comm;
     uint64_t tag = comm_coll_tag(c, r->op->seq, step);
-    slime_status_t st = is_recv ? slime_recv(c->peers[peer], buf, len, tag, &x->req)
-                                : slime_send(c->peers[peer], buf, len, tag, &x->req);
-    if (st != SLIME_OK) {
-        x->req = NULL;
-        fail_at(r, st, x, "%s", slime_last_error());
-        return -1;
-    }
-    return h;
+    slime_req_t **q = &r->x[h].req;
+    slime_status_t st = is_recv ? slime_recv(c->peers[peer], buf, len, tag, q)
+                                : slime_send(c->peers[peer], buf, len, tag, q);
+    return slot_posted(r, h, st);
 }
 
 int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
@@ -119,25 +132,11 @@ int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len) {
 
 int run_read(coll_run_t *r, int peer, uint32_t step, slime_mr_t *local, size_t off,
              const slime_mr_desc_t *remote, size_t roff, size_t len) {
-    if (!run_ok(r)) return -1;
-    int h = slot_new(r);
-    if (h < 0) {
-        run_fail(r, SLIME_ERR_NOMEM, "%s step %u: out of memory", r->phase, step);
-        return -1;
-    }
-    xfer_t *x = &r->x[h];
-    x->peer = peer;
-    x->step = step;
-    x->is_recv = true; /* it writes into our memory: never detach it early */
-    x->is_read = true;
-    x->expect = len;
-    slime_status_t st = slime_read(r->comm->peers[peer], local, off, remote, roff, len, &x->req);
-    if (st != SLIME_OK) {
-        x->req = NULL;
-        fail_at(r, st, x, "%s", slime_last_error());
-        return -1;
-    }
-    return h;
+    /* it writes into our memory like a receive: never detach it early */
+    int h = slot_begin(r, peer, step, true, true, len);
+    if (h < 0) return -1;
+    slime_status_t st = slime_read(r->comm->peers[peer], local, off, remote, roff, len, &r->x[h].req);
+    return slot_posted(r, h, st);
 }
 
 static bool req_failed(const slime_req_t *q) {
