@@ -45,6 +45,7 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     if (!ctx) return slime_errorf(SLIME_ERR_NOMEM, "ctx_create");
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->sleep_mtx, NULL);
+    pthread_mutex_init(&ctx->team_mtx, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -122,6 +123,7 @@ fail:
     pthread_cond_destroy(&ctx->sleep_cond);
     pthread_cond_destroy(&ctx->worker_cond);
     pthread_mutex_destroy(&ctx->sleep_mtx);
+    pthread_mutex_destroy(&ctx->team_mtx);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
     return st;
@@ -160,6 +162,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
         pthread_mutex_unlock(&ctx->sleep_mtx);
         usleep(1000);
     }
+    team_destroy(atomic_load(&ctx->team)); /* no thread is in a copy now */
     list_for_each_safe(pos, tmp, &ctx->eps) ep_free(container_of(pos, slime_ep_t, link));
     verbs_close(ctx);
 
@@ -176,6 +179,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
     pthread_cond_destroy(&ctx->sleep_cond);
     pthread_cond_destroy(&ctx->worker_cond);
     pthread_mutex_destroy(&ctx->sleep_mtx);
+    pthread_mutex_destroy(&ctx->team_mtx);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }

@@ -95,6 +95,8 @@ struct slime_mr {
 #define MR_TABLE_SLOTS 4096
 #define MR_TABLE_MAGIC 0x4d525441424c4531ull
 enum { MR_FREE = 0, MR_VALID = 1, MR_DYING = 2 };
+typedef struct team team_t;
+
 typedef struct mr_entry {
     _Atomic uint32_t state;
     _Atomic uint32_t gen;
@@ -297,7 +299,20 @@ struct slime_ctx {
     size_t eager_tcp, eager_shm, eager_verbs;
     struct verbs_dev *verbs;    /* the open RDMA device, or NULL */
     slime_list_t callbacks;     /* completed requests whose cb is due */
+    /* copy team for large one-sided copies (team.c), started on first use */
+    pthread_mutex_t team_mtx;
+    _Atomic(team_t *) team;
+    _Atomic bool team_failed;   /* no helpers to be had: copy alone */
 };
+
+/* team.c: splits a chunked job between the calling thread and the
+ * context's helper threads; returns when every chunk is done, with the
+ * first chunk's failure if any.  fn runs on several threads at once and
+ * must not take ctx->lock.  Runs alone when there are no helpers, when
+ * total fits one chunk or when another job is running. */
+typedef slime_status_t (*team_chunk_fn)(void *arg, size_t off, size_t len);
+slime_status_t team_run(slime_ctx_t *ctx, team_chunk_fn fn, void *arg, size_t total, size_t chunk);
+void team_destroy(team_t *team);
 
 /* progress.c */
 int progress_locked(slime_ctx_t *ctx);

@@ -6,6 +6,7 @@
  */
 #include "harness.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -409,6 +410,66 @@ static void case_concurrent_writers(h_rank_t *r)
     region_free(&l);
 }
 
+/* Threads of one rank read and write large disjoint slices of one remote
+ * region at once: the copies the context's team splits (core/team.c)
+ * interleave without mixing up whose bytes go where. */
+enum { NTHREADS = 3 };
+#define SLICE ((6u << 20) + 5u)
+
+typedef struct slice_job {
+    h_rank_t *r;
+    slime_mr_desc_t remote;
+    region_t local;
+    int i;
+} slice_job_t;
+
+static void *slice_thread(void *arg)
+{
+    slice_job_t *j = arg;
+    slime_req_t *req = NULL;
+    uint8_t *back = h_alloc(SLICE);
+    slime_mr_t *mr = h_mr_reg(j->r->ctx, back, SLICE, SLIME_ACCESS_ALL);
+    H_CHECK_OK(slime_write(j->r->ep[0], j->local.mr, 0, &j->remote,
+                           (size_t)j->i * SLICE, SLICE, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    H_CHECK_OK(slime_read(j->r->ep[0], mr, 0, &j->remote,
+                          (size_t)j->i * SLICE, SLICE, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    H_CHECK_PATTERN(back, SLICE, SEED_LOCAL + (uint64_t)j->i, 0);
+    H_CHECK_OK(slime_mr_dereg(mr));
+    free(back);
+    return NULL;
+}
+
+static void case_threads_large(h_rank_t *r)
+{
+    if (r->rank == 0) {
+        region_t g = region_new(r->ctx, NTHREADS * SLICE, 1, SEED_TARGET);
+        h_send_desc(r, 1, g.mr);
+        (void)h_ctl_recv_u64(r, 1);
+        region_check_guards(&g, 1);
+        for (int i = 0; i < NTHREADS; i++)
+            H_CHECK_PATTERN(g.base + (size_t)i * SLICE, SLICE,
+                            SEED_LOCAL + (uint64_t)i, 0);
+        region_free(&g);
+        return;
+    }
+    slime_mr_desc_t remote = h_recv_desc(r, 0);
+    slice_job_t jobs[NTHREADS];
+    pthread_t th[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++) {
+        jobs[i] = (slice_job_t){r, remote,
+                                region_new(r->ctx, SLICE, 3, SEED_LOCAL + (uint64_t)i), i};
+        H_CHECK(pthread_create(&th[i], NULL, slice_thread, &jobs[i]) == 0);
+    }
+    for (int i = 0; i < NTHREADS; i++) {
+        pthread_join(th[i], NULL);
+        region_check_guards(&jobs[i].local, 3);
+        region_free(&jobs[i].local);
+    }
+    h_ctl_send_u64(r, 0, 1);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -418,6 +479,7 @@ int main(int argc, char **argv)
         {"write_imm", case_write_imm, 2, false, 0},
         {"batch", case_batch, 2, false, 0},
         {"concurrent_writers", case_concurrent_writers, 3, false, 0},
+        {"threads_large", case_threads_large, 2, false, 0},
     };
     return h_main("test_onesided", cases, sizeof cases / sizeof cases[0],
                   argc, argv);
