@@ -11,6 +11,9 @@
  *   --time S    target seconds of timed iterations per size (default 0.2)
  *   --min-iters N, --max-iters N   bounds on the timed iterations
  *   --deadline S   the whole run is killed after S seconds (default 900)
+ *   --target-memory heap|shared   where the read/write target's region
+ *               lives: the heap (default) or slime_mem_alloc, which shm
+ *               peers map and copy with memcpy
  *
  * stdout carries one CSV line per measured (op, size), and nothing else:
  *   row,<bench>,<transport>,<op>,<bytes>,<iters>,<avg_us>,<p50_us>,<p99_us>,<gbps>
@@ -40,6 +43,7 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +82,7 @@ struct options {
     double target_s;
     size_t min_iters, max_iters;
     unsigned deadline_s;
+    bool shared_target;   /* the target's region from slime_mem_alloc */
 };
 
 /* ------------------------------------------------------------------ */
@@ -725,7 +730,11 @@ static void expect_transport(slime_ep_t *ep, const char *want)
 static void slime_target(const struct options *o, int ctl, const unsigned char *token,
                          size_t token_len)
 {
-    struct target t = {ctl, buf_alloc(o->max_size), o->max_size, NULL, -1};
+    struct target t = {ctl, NULL, o->max_size, NULL, -1};
+    if (o->shared_target)
+        post_check(slime_mem_alloc(o->max_size, (void **)&t.buf), "slime_mem_alloc");
+    else
+        t.buf = buf_alloc(o->max_size);
     slime_ctx_t *ctx = slime_open(o, token, token_len);
     unsigned char addr[SLIME_ADDRESS_MAX];
     uint64_t addr_len64;
@@ -747,7 +756,10 @@ static void slime_target(const struct options *o, int ctl, const unsigned char *
 
     post_check(slime_mr_dereg(mr), "slime_mr_dereg");
     slime_ctx_destroy(ctx);
-    free(t.buf);
+    if (o->shared_target)
+        post_check(slime_mem_free(t.buf), "slime_mem_free");
+    else
+        free(t.buf);
 }
 
 static void slime_initiator(const struct options *o, int ctl, const unsigned char *token,
@@ -932,7 +944,8 @@ static _Noreturn void usage(const char *why)
             "usage: p2p_bench slime --transport shm|tcp|verbs [--ops LIST] --sizes LIST [opts]\n"
             "       p2p_bench socket [--ops LIST] --sizes LIST [opts]\n"
             "       p2p_bench memcpy --sizes LIST [opts]\n"
-            "opts:  --time S  --min-iters N  --max-iters N  --deadline S\n",
+            "opts:  --time S  --min-iters N  --max-iters N  --deadline S\n"
+            "       --target-memory heap|shared\n",
             why);
     exit(2);
 }
@@ -1026,7 +1039,11 @@ static void parse_args(int argc, char **argv, struct options *o)
             o->min_iters = (size_t)parse_number(val, "--min-iters takes a count");
         else if (!strcmp(key, "--max-iters"))
             o->max_iters = (size_t)parse_number(val, "--max-iters takes a count");
-        else if (!strcmp(key, "--deadline"))
+        else if (!strcmp(key, "--target-memory")) {
+            if (strcmp(val, "heap") && strcmp(val, "shared"))
+                usage("--target-memory takes heap or shared");
+            o->shared_target = !strcmp(val, "shared");
+        } else if (!strcmp(key, "--deadline"))
             o->deadline_s = (unsigned)parse_number(val, "--deadline takes seconds");
         else
             usage("unknown option");

@@ -92,6 +92,11 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
         goto fail;
     }
     if ((st = mr_table_create(&ctx->mr_fd, &ctx->mr_table)) != SLIME_OK) goto fail;
+    if ((st = shmem_table_add(ctx->mr_table)) != SLIME_OK) {
+        munmap(ctx->mr_table, sizeof(mr_shared_t));
+        ctx->mr_table = NULL;
+        goto fail;
+    }
     /* before any MR exists: every region is registered with the device */
     if ((st = verbs_open(ctx, force == WIRE_TRANSPORT_VERBS)) != SLIME_OK) goto fail;
 
@@ -115,7 +120,10 @@ fail:
     verbs_close(ctx);
     if (ctx->tcp_listen_fd >= 0) close(ctx->tcp_listen_fd);
     if (ctx->shm_listen_fd >= 0) close(ctx->shm_listen_fd);
-    if (ctx->mr_table) munmap(ctx->mr_table, sizeof(mr_shared_t));
+    if (ctx->mr_table) {
+        shmem_table_remove(ctx->mr_table);
+        munmap(ctx->mr_table, sizeof(mr_shared_t));
+    }
     if (ctx->mr_fd >= 0) close(ctx->mr_fd);
     if (ctx->wakefd >= 0) close(ctx->wakefd);
     if (ctx->epfd >= 0) close(ctx->epfd);
@@ -148,6 +156,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
         slime_mr_t *mr = container_of(ctx->mrs.next, slime_mr_t, link);
         list_del(&mr->link);
         mr->ctx = NULL; /* the caller may still deregister (free) it */
+        shmem_dereg(&ctx->mr_table->slots[mr->slot]);
         verbs_mr_unreg(mr); /* the device closes below */
     }
     pthread_mutex_unlock(&ctx->lock);
@@ -168,6 +177,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
 
     close(ctx->tcp_listen_fd);
     if (ctx->shm_listen_fd >= 0) close(ctx->shm_listen_fd);
+    shmem_table_remove(ctx->mr_table);
     munmap(ctx->mr_table, sizeof(mr_shared_t));
     close(ctx->mr_fd);
     close(ctx->wakefd);

@@ -103,9 +103,9 @@ typedef struct mr_entry {
     _Atomic int32_t inflight;   /* accesses copying right now */
     uint32_t rkey;
     uint32_t access;
-    uint32_t pad;
+    int32_t shm_fd;             /* inside a slime_mem_alloc block: its memfd, else -1 */
     uint64_t addr, len;
-    uint64_t pad2[3];
+    uint64_t shm_ino, shm_base, shm_len; /* that block's inode, start and length */
 } mr_entry_t;
 
 typedef struct mr_shared {
@@ -118,7 +118,10 @@ typedef struct mr_shared {
      * stopped polling is likely to wait again at once, and a doorbell
      * would only wake our progress thread for nothing */
     _Atomic uint64_t grace_until;
-    uint32_t pad2[10];
+    /* blocks of slime_mem_alloc freed in this process: a peer holding
+     * mappings of our blocks drops them when this changes (shmem.c) */
+    _Atomic uint64_t mem_frees;
+    uint32_t pad2[8];
     mr_entry_t slots[MR_TABLE_SLOTS];
 } mr_shared_t;
 
@@ -129,6 +132,14 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey,
                                 uint64_t *addr, char *why, size_t whylen);
 void mr_table_release(mr_shared_t *t, uint64_t handle);
 slime_status_t mr_table_create(int *fd, mr_shared_t **out);
+
+/* shmem.c: shared allocations.  shmem_reg fills e's shm_* fields (shm_fd
+ * -1 when addr is not inside a block) and counts the registration;
+ * shmem_dereg uncounts it. */
+void shmem_reg(mr_entry_t *e, const void *addr, size_t len);
+void shmem_dereg(mr_entry_t *e);
+slime_status_t shmem_table_add(mr_shared_t *t);
+void shmem_table_remove(mr_shared_t *t);
 slime_status_t desc_check(const slime_ep_t *ep, const slime_mr_desc_t *d,
                           uint64_t off, uint64_t len, unsigned access,
                           wire_desc_t *out);

@@ -112,6 +112,7 @@ slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr, size_t len, unsigned a
     e->access = access;
     e->addr = (uint64_t)(uintptr_t)addr;
     e->len = len;
+    shmem_reg(e, addr, len);
     if (ctx->verbs) verbs_mr_bind(ctx, mr);
     atomic_store(&e->state, MR_VALID);
     list_push_back(&ctx->mrs, &mr->link);
@@ -145,6 +146,7 @@ slime_status_t slime_mr_dereg(slime_mr_t *mr) {
                             "the region refuses new ones, call again", DEREG_WAIT_NS / 1000000000ull);
     }
     pthread_mutex_lock(&ctx->lock);
+    shmem_dereg(e);
     atomic_fetch_add(&e->gen, 1);
     atomic_store(&e->state, MR_FREE);
     list_del(&mr->link);

@@ -19,6 +19,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "transport/shm_peermap.h"
 #include "transport/sockio.h"
 #include "transport/transport.h"
 
@@ -48,6 +49,7 @@ typedef struct shm_conn {
     mr_shared_t *peer;                        /* the peer's MR table */
     int peer_pid;
     bool cma;
+    peermap_t *map;                           /* the peer's shared blocks mapped here */
 } shm_conn_t;
 
 static void abstract_name(uint64_t ctx_id, struct sockaddr_un *sa, socklen_t *len) {
@@ -102,6 +104,9 @@ static shm_conn_t *conn_build(int sock, uint8_t *seg, size_t seg_len, mr_shared_
     c->peer_pid = peer_pid_of(sock);
     const char *cma = getenv("DLSLIME_SHM_CMA");
     c->cma = c->peer_pid > 0 && !(cma && cma[0] == '0');
+    /* DLSLIME_SHM_MAP=0: CMA even for the peer's shared blocks (to compare) */
+    const char *map = getenv("DLSLIME_SHM_MAP");
+    c->map = c->cma && !(map && map[0] == '0') ? peermap_new(c->peer_pid, peer) : NULL;
     return c;
 }
 
@@ -385,51 +390,43 @@ static void shm_fd_event(slime_ep_t *ep, uint32_t events) {
  * team (core/team.c): one core alone copies at half the speed of two. */
 #define CMA_PIECE (512u << 10)
 
-/* A share of a one-sided op, copied by whichever team thread claims it. */
-typedef struct cma_job {
+/* A share of a one-sided op, copied by whichever team thread claims it:
+ * with memcpy where the peer's block is mapped here (shm_peermap.c),
+ * else by CMA.  The op's range is pinned in the peer's table meanwhile. */
+typedef struct rma_job {
     shm_conn_t *c;
     slime_req_t *req;
     size_t base;               /* offset in req of the job's first byte */
-    _Atomic bool failed;       /* the first failure writes err and why */
-    int err;                   /* errno of a failed copy, or 0 */
-    char why[160];             /* the MR table's refusal */
-} cma_job_t;
+    uint64_t raddr;            /* where that byte is in the peer */
+    uint8_t *mapped;           /* ...and here, when mapped; else NULL */
+    _Atomic int err;           /* errno of the first failed copy, or 0 */
+} rma_job_t;
 
-static slime_status_t cma_fail(cma_job_t *j, slime_status_t st, int err, const char *why) {
-    bool first = false;
-    if (atomic_compare_exchange_strong(&j->failed, &first, true)) {
-        j->err = err;
-        snprintf(j->why, sizeof j->why, "%s", why ? why : "");
-    }
-    return st;
-}
-
-static slime_status_t cma_piece(void *arg, size_t off, size_t len) {
-    cma_job_t *j = arg;
+static slime_status_t rma_piece(void *arg, size_t off, size_t len) {
+    rma_job_t *j = arg;
     slime_req_t *req = j->req;
-    size_t at = j->base + off;
-    uint64_t raddr;
-    char why[160];
-    slime_status_t st = mr_table_acquire(j->c->peer, req->r_handle, req->r_rkey, req->r_off + at, len,
-                                         req->is_write ? SLIME_ACCESS_REMOTE_WRITE : SLIME_ACCESS_REMOTE_READ,
-                                         &raddr, why, sizeof why);
-    if (st != SLIME_OK) return cma_fail(j, st, 0, why);
-    int err = 0;
+    uint8_t *local = (uint8_t *)req->buf + j->base + off;
+    if (j->mapped) {
+        if (req->is_write) memcpy(j->mapped + off, local, len);
+        else memcpy(local, j->mapped + off, len);
+        return SLIME_OK;
+    }
+    uint64_t raddr = j->raddr + off;
     while (len) {
-        struct iovec l = {.iov_base = (uint8_t *)req->buf + at, .iov_len = len};
+        struct iovec l = {.iov_base = local, .iov_len = len};
         struct iovec r = {.iov_base = (void *)(uintptr_t)raddr, .iov_len = len};
         ssize_t n = req->is_write ? process_vm_writev(j->c->peer_pid, &l, 1, &r, 1, 0)
                                   : process_vm_readv(j->c->peer_pid, &l, 1, &r, 1, 0);
         if (n <= 0) { /* 0: nothing moved, which a valid range never gives */
-            err = n < 0 ? errno : EFAULT;
-            break;
+            int first = 0;
+            atomic_compare_exchange_strong(&j->err, &first, n < 0 ? errno : EFAULT);
+            return SLIME_ERR_ACCESS;
         }
-        at += (size_t)n;
+        local += n;
         raddr += (uint64_t)n;
         len -= (size_t)n;
     }
-    mr_table_release(j->c->peer, req->r_handle);
-    return err ? cma_fail(j, SLIME_ERR_ACCESS, err, NULL) : SLIME_OK;
+    return SLIME_OK;
 }
 
 static slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max) {
@@ -437,27 +434,35 @@ static slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max) {
     if (!c->cma) return SLIME_ERR_UNSUPPORTED;
     while (req->done < req->len && max) {
         size_t k = min_sz(req->len - req->done, max);
-        cma_job_t j = {.c = c, .req = req, .base = req->done};
-        slime_status_t st = team_run(ep->ctx, cma_piece, &j, k, CMA_PIECE);
+        rma_job_t j = {.c = c, .req = req, .base = req->done};
+        char why[160];
+        slime_status_t st = mr_table_acquire(c->peer, req->r_handle, req->r_rkey, req->r_off + req->done, k,
+                                             req->is_write ? SLIME_ACCESS_REMOTE_WRITE : SLIME_ACCESS_REMOTE_READ,
+                                             &j.raddr, why, sizeof why);
+        if (st != SLIME_OK) {
+            req_complete(req, st, "remote region: %s", why);
+            return st;
+        }
+        j.mapped = peermap_lookup(c->map, &c->peer->slots[(uint32_t)(req->r_handle >> 32)], j.raddr);
+        st = team_run(ep->ctx, rma_piece, &j, k, CMA_PIECE);
+        mr_table_release(c->peer, req->r_handle);
         if (st == SLIME_OK) {
             req->done += k;
             max -= k;
             continue;
         }
-        if (j.err == EPERM || j.err == ENOSYS || j.err == EACCES) {
+        int err = atomic_load(&j.err);
+        if (err == EPERM || err == ENOSYS || err == EACCES) {
             c->cma = false; /* the frames path will serve it, from the start */
             return SLIME_ERR_UNSUPPORTED;
         }
-        if (j.err == ESRCH) {
+        if (err == ESRCH) {
             ep_fail(ep, SLIME_ERR_PEER_LOST, "peer process is gone");
             return SLIME_ERR_PEER_LOST;
         }
-        if (j.err)
-            req_complete(req, SLIME_ERR_ACCESS, "cross-memory %s failed: %s",
-                         req->is_write ? "write" : "read", strerror(j.err));
-        else
-            req_complete(req, st, "remote region: %s", j.why);
-        return st;
+        req_complete(req, SLIME_ERR_ACCESS, "cross-memory %s failed: %s",
+                     req->is_write ? "write" : "read", strerror(err));
+        return SLIME_ERR_ACCESS;
     }
     return req->done < req->len ? SLIME_INPROGRESS : SLIME_OK;
 }
@@ -467,6 +472,7 @@ static void shm_close(slime_ep_t *ep) {
     if (!c) return;
     close(c->sock);
     munmap(c->seg, c->seg_len);
+    peermap_free(c->map);
     munmap(c->peer, sizeof(mr_shared_t));
     free(c);
     ep->conn = NULL;

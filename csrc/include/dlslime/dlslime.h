@@ -196,6 +196,19 @@ SLIME_API slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr,
                                       size_t len, unsigned access,
                                       slime_mr_t **out);
 
+/* Allocates len bytes (zeroed, page-aligned) of memory that shm peers
+ * map and copy with plain loads and stores: one-sided ops on regions
+ * registered inside it skip the cross-memory syscalls and run at memcpy
+ * speed.  Register regions in it with slime_mr_reg as with any memory;
+ * other transports treat it as ordinary memory.  The caller owns it:
+ * slime_mem_free. */
+SLIME_API slime_status_t slime_mem_alloc(size_t len, void **out);
+
+/* Frees memory from slime_mem_alloc (NULL: nothing).  SLIME_ERR_BUSY
+ * while regions registered inside it are still registered;
+ * SLIME_ERR_INVAL for any other address. */
+SLIME_API slime_status_t slime_mem_free(void *addr);
+
 /* Deregisters and frees mr.  New remote accesses fail with
  * SLIME_ERR_ACCESS at once; accesses already copying finish first (the
  * call waits for them, at most a few seconds).  Local requests that still
