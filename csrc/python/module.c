@@ -95,8 +95,10 @@ static const int_constant_t int_constants[] = {
 static int add_types(PyObject *module)
 {
     PyTypeObject *types[] = {&SlimeContext_Type, &SlimeEndpoint_Type,
-                             &SlimeMemoryRegion_Type, &SlimeRequest_Type};
-    const char *names[] = {"Context", "Endpoint", "MemoryRegion", "Request"};
+                             &SlimeMemoryRegion_Type, &SlimeRequest_Type,
+                             &SlimeSharedMemory_Type};
+    const char *names[] = {"Context", "Endpoint", "MemoryRegion", "Request",
+                           "SharedMemory"};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         if (PyType_Ready(types[i]) < 0
             || PyModule_AddObjectRef(module, names[i], (PyObject *)types[i]) < 0)

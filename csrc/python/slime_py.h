@@ -81,6 +81,7 @@ extern PyTypeObject SlimeContext_Type;
 extern PyTypeObject SlimeEndpoint_Type;
 extern PyTypeObject SlimeMemoryRegion_Type;
 extern PyTypeObject SlimeRequest_Type;
+extern PyTypeObject SlimeSharedMemory_Type;
 
 /* errors.c */
 int slime_py_errors_init(PyObject *module);
