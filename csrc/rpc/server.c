@@ -350,7 +350,7 @@ slime_status_t slime_rpc_server_next(slime_rpc_server_t *srv, int64_t timeout_ms
     return st;
 }
 
-void slime_rpc_server_destroy(slime_rpc_server_t *srv) {
+void slime_rpc_server_shutdown(slime_rpc_server_t *srv) {
     if (!srv) return;
     pthread_mutex_lock(&servers_mu);
     list_del(&srv->link);
@@ -382,6 +382,11 @@ void slime_rpc_server_destroy(slime_rpc_server_t *srv) {
         call_free(call);
     }
     pthread_mutex_unlock(&srv->mu);
+}
+
+void slime_rpc_server_destroy(slime_rpc_server_t *srv) {
+    if (!srv) return;
+    slime_rpc_server_shutdown(srv);
     while (atomic_load(&srv->waiters) > 0) sched_yield();
     pthread_mutex_lock(&srv->mu);
     bool last = srv_unref_locked(srv);
@@ -546,4 +551,18 @@ slime_status_t slime_rpc_call_reply_commit(slime_rpc_call_t *call, size_t len, i
     const void *buf = call->reply_stage ? call->reply_stage + RPC_HDR : call->reply_bulk;
     if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "rpc_call_reply_commit: negative timeout");
     return call_finish(call, RPC_REPLY, buf, len, timeout_ms);
+}
+
+void slime_rpc_call_drop(slime_rpc_call_t *call) {
+    if (!call) return;
+    slime_rpc_server_t *srv = call->srv;
+    pthread_mutex_lock(&srv->mu);
+    if (call->slot) { /* freed, not reposted: the context may be gone */
+        rpc_slot_free(call->slot);
+        srv->n_slots--;
+    }
+    bool last = srv_unref_locked(srv);
+    pthread_mutex_unlock(&srv->mu);
+    call_free(call);
+    if (last) srv_free(srv);
 }

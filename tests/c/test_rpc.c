@@ -88,9 +88,10 @@ static void run_server(h_rank_t *r, const slime_rpc_opts_t *opts, int nthreads)
         H_CHECK(pthread_create(&th[i], NULL, server_thread, &a) == 0);
     h_ctl_send_u64(r, 0, 1);              /* ready */
     (void)h_ctl_recv_u64(r, 0);           /* done */
-    slime_rpc_server_destroy(a.srv);      /* the threads leave with CLOSED */
+    slime_rpc_server_shutdown(a.srv);     /* the threads leave with CLOSED */
     for (int i = 0; i < nthreads; i++)
         pthread_join(th[i], NULL);
+    slime_rpc_server_destroy(a.srv);
 }
 
 static slime_rpc_client_t *client(h_rank_t *r, uint32_t credits)

@@ -97,9 +97,14 @@ SLIME_API slime_status_t slime_rpc_server_create(slime_ctx_t *ctx, uint16_t port
 SLIME_API slime_status_t slime_rpc_server_next(slime_rpc_server_t *srv, int64_t timeout_ms,
                                                slime_rpc_call_t **out);
 
-/* Stops the server: waiters in slime_rpc_server_next return
- * SLIME_ERR_CLOSED (this call waits until they have), its slots are
- * canceled.  Calls already handed out stay valid until finished. */
+/* Stops serving: threads in slime_rpc_server_next, and later calls of
+ * it, return SLIME_ERR_CLOSED; the slots are canceled.  Calls already
+ * handed out stay valid until finished.  Idempotent. */
+SLIME_API void slime_rpc_server_shutdown(slime_rpc_server_t *srv);
+/* Shuts down (if not yet), waits for the threads still inside
+ * slime_rpc_server_next to leave, and frees the server once its last
+ * call is finished.  No call on srv may start after this one (stop your
+ * serving threads after shutdown, then destroy). */
 SLIME_API void slime_rpc_server_destroy(slime_rpc_server_t *srv);
 
 SLIME_API uint64_t slime_rpc_call_method(const slime_rpc_call_t *call);
@@ -131,6 +136,11 @@ SLIME_API slime_status_t slime_rpc_call_reply_commit(slime_rpc_call_t *call, siz
  * slime_rpc_req_remote_error() true and this payload as its data. */
 SLIME_API slime_status_t slime_rpc_call_fail(slime_rpc_call_t *call, const void *buf,
                                              size_t len, int64_t timeout_ms);
+
+/* Frees the call without answering (the client's request then runs into
+ * its timeout).  Touches no endpoint: the one way to let go of a call
+ * after its context was destroyed. */
+SLIME_API void slime_rpc_call_drop(slime_rpc_call_t *call);
 
 /* ---- client --------------------------------------------------------- */
 
