@@ -67,7 +67,9 @@ def comm_id_of(group_name):
     if group_name.isdigit() and int(group_name) < 0x7FFF:
         return int(group_name) + 1
     digest = hashlib.blake2b(group_name.encode(), digest_size=2).digest()
-    return 0x8000 | (int.from_bytes(digest, "little") & 0x7FFF)
+    comm_id = 0x8000 | (int.from_bytes(digest, "little") & 0x7FFF)
+    # 0xFFFF's tag space belongs to RPC (SLIME_RPC_TAG_SPACE in rpc.h)
+    return 0xFFFE if comm_id == 0xFFFF else comm_id
 
 
 def _job_token():

@@ -13,6 +13,9 @@ slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, int rank, i
     if (!ctx || !out) return slime_errorf(SLIME_ERR_INVAL, "comm_create: NULL %s", ctx ? "out" : "context");
     if (comm_id > 0xffffu)
         return slime_errorf(SLIME_ERR_INVAL, "comm_create: comm_id %u does not fit in 16 bits", comm_id);
+    /* its tag space (top 16 bits all ones) is RPC's: SLIME_RPC_TAG_SPACE */
+    if (comm_id == 0xffffu)
+        return slime_errorf(SLIME_ERR_INVAL, "comm_create: comm_id 0xffff is reserved for RPC traffic");
     if (size < 1 || rank < 0 || rank >= size)
         return slime_errorf(SLIME_ERR_INVAL, "comm_create: rank %d of size %d", rank, size);
     if (timeout_ms < 0)

@@ -137,6 +137,9 @@ PyObject *slime_py_request_new(SlimeContextObject *context, slime_status_t poste
                                slime_req_t *req, slime_py_hold_t *hold);
 PyObject *slime_py_wait_all(PyObject *module, PyObject *args, PyObject *kwargs);
 
+/* rpc.c: the RPC types (RpcServer, RpcCall, RpcClient, RpcRequest). */
+int slime_py_rpc_init(PyObject *module);
+
 /* batch.c */
 PyObject *slime_py_batch(SlimeContextObject *context, PyObject *ops);
 

@@ -513,4 +513,7 @@ SLIME_API slime_status_t slime_barrier(slime_comm_t *comm, slime_req_t **out);
 }
 #endif
 
+/* SlimeRPC: remote calls over the same endpoints. */
+#include "rpc.h"
+
 #endif /* DLSLIME_H */

@@ -1,0 +1,120 @@
+/* What servers and clients share: mailbox slots, headers, sends whose
+ * buffers we own, client ids, options. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rpc/rpc_internal.h"
+
+void slime_rpc_opts_init(slime_rpc_opts_t *opts) {
+    if (!opts) return;
+    memset(opts, 0, sizeof *opts);
+    /* the shm transport's eager limit: an inline message is one eager
+     * send; bigger payloads go by rendezvous (single copy) anyway */
+    opts->slot_size = 64 * 1024;
+    opts->credits = 16;
+    opts->max_slots = 1024;
+}
+
+slime_status_t rpc_slot_post(slime_ctx_t *ctx, slime_ep_t *ep, rpc_slot_t *slot, size_t size,
+                             uint64_t tag) {
+    slime_req_t *req = NULL;
+    slime_status_t st = ep ? slime_recv(ep, slot->buf, size, tag, &req)
+                           : slime_recv_any(ctx, slot->buf, size, tag, &req);
+    slot->req = req;
+    return st;
+}
+
+void rpc_slot_free(rpc_slot_t *slot) {
+    if (!slot) return;
+    slime_req_free(slot->req); /* cancels a receive still posted */
+    free(slot->buf);
+    free(slot);
+}
+
+void rpc_hdr_fill(rpc_hdr_t *h, uint8_t kind, uint32_t cid) {
+    memset(h, 0, sizeof *h);
+    h->magic = RPC_MAGIC;
+    h->version = SLIME_RPC_VERSION;
+    h->kind = kind;
+    h->cid = cid;
+}
+
+const rpc_hdr_t *rpc_slot_header(rpc_slot_t *slot, char *why, size_t whylen) {
+    size_t got = slime_req_bytes(slot->req);
+    const rpc_hdr_t *h = (const rpc_hdr_t *)slot->buf;
+    if (got < RPC_HDR) {
+        snprintf(why, whylen, "a %zu-byte message is too short for an RPC header", got);
+        return NULL;
+    }
+    if (h->magic != RPC_MAGIC) {
+        snprintf(why, whylen, "bad magic 0x%08x", h->magic);
+        return NULL;
+    }
+    if (!(h->flags & RPC_F_BULK) && h->len != got - RPC_HDR) {
+        snprintf(why, whylen, "header says %llu payload bytes, the message has %zu",
+                 (unsigned long long)h->len, got - RPC_HDR);
+        return NULL;
+    }
+    return h;
+}
+
+void rpc_orphan_add(slime_list_t *list, slime_req_t *req, void *buf) {
+    if (!req || slime_req_test(req) != SLIME_INPROGRESS) {
+        slime_req_free(req);
+        free(buf);
+        return;
+    }
+    rpc_orphan_t *o = malloc(sizeof *o);
+    if (!o) {
+        /* no way to track it: let the core free the request; the buffer
+         * must outlive the send, so it leaks */
+        slime_req_free(req);
+        return;
+    }
+    o->req = req;
+    o->buf = buf;
+    list_push_back(list, &o->link);
+}
+
+void rpc_orphans_reap(slime_list_t *list, bool all) {
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, list) {
+        rpc_orphan_t *o = container_of(pos, rpc_orphan_t, link);
+        bool done = req_done(o->req);
+        if (!done && !all) continue;
+        if (!done) done = slime_req_cancel(o->req) == SLIME_OK; /* a receive not matched yet */
+        list_del(&o->link);
+        slime_req_free(o->req); /* detaches a pending send */
+        if (done) free(o->buf);
+        free(o);
+    }
+}
+
+/* ---- client ids ---- */
+static pthread_mutex_t cid_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t cid_used[(1u << RPC_CID_BITS) / 64];
+static uint32_t cid_next = 1;
+
+slime_status_t rpc_cid_alloc(uint32_t *cid) {
+    const uint32_t n = 1u << RPC_CID_BITS;
+    pthread_mutex_lock(&cid_mu);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t c = (cid_next + i) % n;
+        if (c == 0 || (cid_used[c / 64] >> (c % 64) & 1)) continue;
+        cid_used[c / 64] |= 1ull << (c % 64);
+        /* round robin: a recent id's stray messages stay unmatched longer */
+        cid_next = c + 1;
+        pthread_mutex_unlock(&cid_mu);
+        *cid = c;
+        return SLIME_OK;
+    }
+    pthread_mutex_unlock(&cid_mu);
+    return slime_errorf(SLIME_ERR_BUSY, "rpc: %u clients are alive in this process already", n - 1);
+}
+
+void rpc_cid_free(uint32_t cid) {
+    pthread_mutex_lock(&cid_mu);
+    cid_used[cid / 64] &= ~(1ull << (cid % 64));
+    pthread_mutex_unlock(&cid_mu);
+}

@@ -1,0 +1,192 @@
+/* SlimeRPC's private objects, shared by csrc/rpc/.
+ *
+ * Everything travels with the public send/recv API, in the RPC tag space
+ * (top 16 bits all ones, see SLIME_RPC_TAG_SPACE):
+ *
+ *   bits 47..46  00 request mailbox   bits 15..0  server port
+ *                01 reply mailbox     bits 15..0  client id
+ *                10 request bulk      bits 45..30 client id, 29..0 request id
+ *                11 reply bulk        (same)
+ *
+ * A mailbox is a FIFO of receives of slot_size bytes, posted in order: the
+ * core matches a tag's receives in post order, so the slots that have
+ * completed are always a prefix of the FIFO and only its head needs a
+ * look.  Request mailboxes are receives from any endpoint (one server,
+ * many clients); reply mailboxes are receives on the client's endpoint.
+ *
+ * Waiting: a thread waits in the core (ctx_wait_until: it spins driving
+ * progress, then sleeps until a request completes) on a predicate that
+ * only looks (see *_ready): a predicate runs under the core's sleep
+ * mutex, so it must neither post nor block on our own locks (posting
+ * takes ctx->lock, which may take the sleep mutex: a cycle).  It takes
+ * our lock with trylock and answers "look again" when that fails. */
+#ifndef SLIME_RPC_INTERNAL_H
+#define SLIME_RPC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/internal.h"
+
+#define RPC_MAGIC 0x43505253u /* "SRPC" */
+
+enum rpc_kind {
+    RPC_HELLO = 1,     /* client -> server: version, digest, credits wanted */
+    RPC_HELLO_ACK = 2, /* server -> client: credits granted, slot size */
+    RPC_REQUEST = 3,
+    RPC_REPLY = 4,
+    RPC_ERROR = 5,     /* a reply whose payload describes a failure */
+};
+
+#define RPC_F_BULK 0x1u /* the payload follows as a bulk transfer */
+
+/* Sits at the start of every mailbox message, the payload (if inline)
+ * right after it. */
+typedef struct rpc_hdr {
+    uint32_t magic;
+    uint16_t version;
+    uint8_t kind, flags;
+    uint32_t cid;      /* the client's id: its reply tag */
+    uint32_t credits;  /* HELLO: wanted; HELLO_ACK: granted */
+    uint64_t method;   /* REQUEST: method id; HELLO, HELLO_ACK: service digest */
+    uint64_t req_id;   /* HELLO and its answer: a nonce */
+    uint64_t len;      /* payload bytes */
+    uint64_t slot;     /* sender's slot size: the receiver's inline limit */
+} rpc_hdr_t;
+
+#define RPC_HDR sizeof(rpc_hdr_t)
+
+#define RPC_TAG_REQ 0ull
+#define RPC_TAG_REPLY 1ull
+#define RPC_TAG_BULK_REQ 2ull
+#define RPC_TAG_BULK_REPLY 3ull
+#define RPC_CID_BITS 16
+#define RPC_REQ_BITS 30
+
+static inline uint64_t rpc_tag(uint64_t kind, uint64_t low) {
+    return SLIME_RPC_TAG_SPACE | kind << 46 | low;
+}
+static inline uint64_t rpc_bulk_tag(uint64_t kind, uint32_t cid, uint64_t req_id) {
+    return rpc_tag(kind, (uint64_t)cid << RPC_REQ_BITS | (req_id & ((1ull << RPC_REQ_BITS) - 1)));
+}
+
+/* One posted receive of a mailbox. */
+typedef struct rpc_slot {
+    slime_list_t link;   /* the mailbox FIFO, while posted */
+    slime_req_t *req;
+    uint8_t *buf;
+} rpc_slot_t;
+
+/* Posts slot's receive (recv_any if ep is NULL).  Under the owner's lock. */
+slime_status_t rpc_slot_post(slime_ctx_t *ctx, slime_ep_t *ep, rpc_slot_t *slot, size_t size,
+                             uint64_t tag);
+/* Frees a slot: a pending receive is canceled first. */
+void rpc_slot_free(rpc_slot_t *slot);
+/* The header of a completed slot, or NULL (with a detail in why) if the
+ * message is no RPC header.  The version is the caller's to check (a
+ * hello of another version deserves an answer that says so). */
+const rpc_hdr_t *rpc_slot_header(rpc_slot_t *slot, char *why, size_t whylen);
+void rpc_hdr_fill(rpc_hdr_t *h, uint8_t kind, uint32_t cid);
+
+/* A send whose buffer the sender owns (malloc'd): reaped once complete. */
+typedef struct rpc_orphan {
+    slime_list_t link;
+    slime_req_t *req;
+    void *buf;
+} rpc_orphan_t;
+/* Keeps (req, buf) on list until req completes; frees buf at once if
+ * the request is already done.  Under the owner's lock. */
+void rpc_orphan_add(slime_list_t *list, slime_req_t *req, void *buf);
+/* Frees the completed ones; with all, detaches pending ones (their
+ * buffers leak: the core may still read them). */
+void rpc_orphans_reap(slime_list_t *list, bool all);
+
+/* Client ids: unique among the live clients of this process. */
+slime_status_t rpc_cid_alloc(uint32_t *cid);
+void rpc_cid_free(uint32_t cid);
+
+/* ---- server ---- */
+struct slime_rpc_server {
+    slime_ctx_t *ctx;
+    uint16_t port;
+    uint64_t digest;
+    uint64_t *methods;            /* sorted */
+    size_t n_methods;
+    slime_rpc_opts_t opts;
+    pthread_mutex_t mu;
+    slime_list_t posted;          /* rpc_slot_t: the mailbox FIFO */
+    size_t n_slots;               /* posted + held by calls */
+    uint64_t granted;             /* credits granted so far */
+    slime_list_t staged;          /* calls whose bulk payload is arriving */
+    slime_list_t orphans;         /* hello answers and error replies in flight */
+    _Atomic bool closing;
+    _Atomic int waiters;          /* threads inside slime_rpc_server_next */
+    int refs;                     /* 1 for the server + 1 per unfinished call */
+    slime_list_t link;            /* the process's server list (port check) */
+};
+
+struct slime_rpc_call {
+    slime_rpc_server_t *srv;
+    slime_list_t link;            /* srv->staged */
+    slime_ep_t *ep;
+    uint32_t cid;
+    uint64_t method, req_id;
+    size_t reply_inline;          /* the client's slot size */
+    rpc_slot_t *slot;             /* the request's slot, NULL once released */
+    uint8_t *data;
+    size_t len;
+    void *owned;                  /* memory holding data if not the slot's */
+    slime_req_t *bulk_req;        /* the bulk payload arriving */
+    uint8_t *reply_stage;         /* reply_buffer: header + inline room */
+    void *reply_bulk;             /* reply_buffer: a payload sent by bulk */
+    size_t reply_cap;
+};
+
+/* ---- client ---- */
+struct slime_rpc_client {
+    slime_ctx_t *ctx;
+    slime_ep_t *ep;
+    uint16_t port;
+    uint32_t cid;
+    uint64_t digest;
+    size_t slot_size;             /* our reply slots */
+    size_t req_inline;            /* the server's slot size */
+    uint32_t credits;
+    pthread_mutex_t mu;
+    rpc_slot_t **slots;           /* n_slots, posted or dead */
+    uint32_t n_slots;
+    slime_list_t posted;          /* the reply mailbox FIFO */
+    slime_rpc_req_t **table;      /* by credit index: requests on the wire */
+    uint32_t *free_idx, n_free;
+    uint32_t gen;
+    slime_list_t queued;          /* requests waiting for a credit */
+    slime_list_t settling;        /* replied, their transfers finishing */
+    slime_list_t orphans;         /* buffers of transfers nobody waits for */
+    slime_status_t broken;        /* SLIME_OK until the channel fails */
+    char broken_text[256];
+    _Atomic int waiters;          /* threads waiting on its requests */
+};
+
+struct slime_rpc_req {
+    slime_rpc_client_t *cli;      /* NULL once the client is destroyed */
+    slime_list_t link;            /* cli->queued or cli->settling */
+    uint64_t method;
+    const void *buf;
+    size_t len;
+    uint32_t idx;
+    uint64_t id;                  /* 0 until it has a credit */
+    _Atomic int state;            /* SLIME_INPROGRESS, or the final status */
+    bool reply_got;               /* the reply header came */
+    bool remote_error;
+    bool abandoned;               /* freed by its owner while pending */
+    uint8_t *stage;               /* header + inline payload */
+    slime_req_t *send_req, *bulk_send_req, *bulk_recv_req;
+    uint8_t *result;
+    size_t result_len;
+    void *result_mem;             /* memory holding result */
+    char *error;
+};
+
+#endif

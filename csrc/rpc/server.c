@@ -1,0 +1,568 @@
+/* The server: its mailbox, the hello, method checks, and handing calls
+ * out to the threads waiting in slime_rpc_server_next. */
+#include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rpc/rpc_internal.h"
+
+/* Servers alive in this process, so that two of one context never share
+ * a port (their mailboxes would steal each other's requests). */
+static pthread_mutex_t servers_mu = PTHREAD_MUTEX_INITIALIZER;
+static slime_list_t servers = {&servers, &servers};
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static bool method_known(const slime_rpc_server_t *srv, uint64_t id) {
+    return bsearch(&id, srv->methods, srv->n_methods, sizeof id, cmp_u64) != NULL;
+}
+
+static uint64_t req_tag(const slime_rpc_server_t *srv) { return rpc_tag(RPC_TAG_REQ, srv->port); }
+
+/* Under srv->mu: puts slot back at the tail of the mailbox, or frees it
+ * when the server is closing or the post fails (the context closed). */
+static void slot_repost_locked(slime_rpc_server_t *srv, rpc_slot_t *slot) {
+    slime_req_free(slot->req);
+    slot->req = NULL;
+    if (!atomic_load(&srv->closing) &&
+        rpc_slot_post(srv->ctx, NULL, slot, srv->opts.slot_size, req_tag(srv)) == SLIME_OK) {
+        list_push_back(&srv->posted, &slot->link);
+        return;
+    }
+    rpc_slot_free(slot);
+    srv->n_slots--;
+}
+
+/* Under srv->mu: one more posted slot. */
+static slime_status_t slot_add_locked(slime_rpc_server_t *srv) {
+    rpc_slot_t *slot = calloc(1, sizeof *slot);
+    if (slot) slot->buf = malloc(srv->opts.slot_size);
+    if (!slot || !slot->buf) {
+        free(slot);
+        return slime_errorf(SLIME_ERR_NOMEM, "rpc server: out of memory for a slot");
+    }
+    slime_status_t st = rpc_slot_post(srv->ctx, NULL, slot, srv->opts.slot_size, req_tag(srv));
+    if (st != SLIME_OK) {
+        rpc_slot_free(slot);
+        return st;
+    }
+    list_push_back(&srv->posted, &slot->link);
+    srv->n_slots++;
+    return SLIME_OK;
+}
+
+/* Under srv->mu: a header (and a short text payload) to a client's reply
+ * mailbox, whose completion nobody waits for. */
+static void send_small_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const rpc_hdr_t *h, const char *text,
+                              size_t text_len) {
+    uint8_t *buf = malloc(RPC_HDR + text_len);
+    if (!buf) return; /* the client times out */
+    memcpy(buf, h, RPC_HDR);
+    ((rpc_hdr_t *)buf)->len = text_len;
+    if (text_len) memcpy(buf + RPC_HDR, text, text_len);
+    slime_req_t *req = NULL;
+    if (slime_send(ep, buf, RPC_HDR + text_len, rpc_tag(RPC_TAG_REPLY, h->cid), &req) != SLIME_OK) {
+        free(buf);
+        return;
+    }
+    rpc_orphan_add(&srv->orphans, req, buf);
+}
+
+/* An error payload: "Type\0message\0traceback", as the Python layer
+ * writes them.  The C layer's own errors are RpcError with no traceback. */
+static void send_error_locked(slime_rpc_server_t *srv, slime_ep_t *ep, uint32_t cid, uint64_t req_id,
+                              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void send_error_locked(slime_rpc_server_t *srv, slime_ep_t *ep, uint32_t cid, uint64_t req_id,
+                              const char *fmt, ...) {
+    char text[400];
+    int n = snprintf(text, sizeof text, "RpcError");
+    va_list ap;
+    va_start(ap, fmt);
+    n += 1 + vsnprintf(text + n + 1, sizeof text - (size_t)n - 2, fmt, ap);
+    va_end(ap);
+    if ((size_t)n >= sizeof text - 1) n = (int)sizeof text - 2;
+    text[n] = 0;
+    rpc_hdr_t h;
+    rpc_hdr_fill(&h, RPC_ERROR, cid);
+    h.req_id = req_id;
+    send_small_locked(srv, ep, &h, text, (size_t)n + 1);
+}
+
+static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const rpc_hdr_t *in) {
+    if (in->version != SLIME_RPC_VERSION) {
+        send_error_locked(srv, ep, in->cid, in->req_id, "RPC version mismatch: the client speaks %u, the server %u",
+                          in->version, SLIME_RPC_VERSION);
+        return;
+    }
+    if (in->method != srv->digest) {
+        send_error_locked(srv, ep, in->cid, in->req_id,
+                          "service definition mismatch at port %u: the client's digest is %016" PRIx64
+                          ", the server's %016" PRIx64 " (method names or kinds differ)",
+                          srv->port, in->method, srv->digest);
+        return;
+    }
+    uint32_t credits = in->credits < srv->opts.credits ? in->credits : srv->opts.credits;
+    if (credits == 0) credits = 1;
+    srv->granted += credits;
+    /* one slot per credit granted (and one for hellos), up to the cap */
+    while (srv->n_slots < srv->granted + 1 && srv->n_slots < srv->opts.max_slots)
+        if (slot_add_locked(srv) != SLIME_OK) break;
+    rpc_hdr_t h;
+    rpc_hdr_fill(&h, RPC_HELLO_ACK, in->cid);
+    h.credits = credits;
+    h.method = srv->digest;
+    h.req_id = in->req_id;
+    h.slot = srv->opts.slot_size;
+    send_small_locked(srv, ep, &h, NULL, 0);
+}
+
+static void call_free(slime_rpc_call_t *call) {
+    free(call->owned);
+    free(call->reply_stage);
+    free(call->reply_bulk);
+    free(call);
+}
+
+/* Under srv->mu; drops a reference; returns whether it was the last. */
+static bool srv_unref_locked(slime_rpc_server_t *srv) { return --srv->refs == 0; }
+
+static void srv_free(slime_rpc_server_t *srv) {
+    rpc_orphans_reap(&srv->orphans, true);
+    pthread_mutex_destroy(&srv->mu);
+    free(srv->methods);
+    free(srv);
+}
+
+/* Under srv->mu: a completed slot from the mailbox's head.  Returns a
+ * call to hand out, or NULL when the slot was handled here. */
+static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *slot) {
+    slime_status_t st = atomic_load(&slot->req->state);
+    if (st != SLIME_OK) {
+        /* canceled (destroy) or failed with the context: the server is done */
+        if (st == SLIME_ERR_CANCELED || st == SLIME_ERR_CLOSED) atomic_store(&srv->closing, true);
+        slot_repost_locked(srv, slot);
+        return NULL;
+    }
+    char why[160];
+    const rpc_hdr_t *h = rpc_slot_header(slot, why, sizeof why);
+    slime_ep_t *ep = slime_req_ep(slot->req);
+    if (!h) { /* not ours to answer: nothing tells us where a reply would go */
+        slot_repost_locked(srv, slot);
+        return NULL;
+    }
+    if (h->kind == RPC_HELLO) {
+        answer_hello_locked(srv, ep, h);
+        slot_repost_locked(srv, slot);
+        return NULL;
+    }
+    if (h->kind != RPC_REQUEST || h->version != SLIME_RPC_VERSION) {
+        slot_repost_locked(srv, slot);
+        return NULL;
+    }
+    if (!method_known(srv, h->method)) {
+        send_error_locked(srv, ep, h->cid, h->req_id,
+                          "unknown method id %016" PRIx64 " at port %u: not a method of the service served here",
+                          h->method, srv->port);
+        slot_repost_locked(srv, slot);
+        return NULL;
+    }
+    slime_rpc_call_t *call = calloc(1, sizeof *call);
+    if (!call) {
+        send_error_locked(srv, ep, h->cid, h->req_id, "the server is out of memory");
+        slot_repost_locked(srv, slot);
+        return NULL;
+    }
+    call->srv = srv;
+    list_init(&call->link);
+    call->ep = ep;
+    call->cid = h->cid;
+    call->method = h->method;
+    call->req_id = h->req_id;
+    call->reply_inline = h->slot;
+    call->len = h->len;
+    srv->refs++;
+    if (!(h->flags & RPC_F_BULK)) {
+        call->slot = slot;
+        call->data = slot->buf + RPC_HDR;
+        return call;
+    }
+    /* the payload follows by bulk: its slot can go back at once */
+    uint64_t tag = rpc_bulk_tag(RPC_TAG_BULK_REQ, h->cid, h->req_id);
+    call->owned = malloc(call->len ? call->len : 1);
+    slot_repost_locked(srv, slot);
+    if (!call->owned || slime_recv(ep, call->owned, call->len, tag, &call->bulk_req) != SLIME_OK) {
+        send_error_locked(srv, ep, call->cid, call->req_id, "the server cannot take a %zu-byte payload", call->len);
+        srv_unref_locked(srv); /* the server's own reference remains */
+        call_free(call);
+        return NULL;
+    }
+    call->data = call->owned;
+    list_push_back(&srv->staged, &call->link);
+    return NULL;
+}
+
+/* Under srv->mu: a staged call whose bulk payload has arrived. */
+static slime_rpc_call_t *take_staged_locked(slime_rpc_server_t *srv) {
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->staged) {
+        slime_rpc_call_t *call = container_of(pos, slime_rpc_call_t, link);
+        if (!req_done(call->bulk_req)) continue;
+        list_del(&call->link);
+        slime_status_t st = atomic_load(&call->bulk_req->state);
+        slime_req_free(call->bulk_req);
+        call->bulk_req = NULL;
+        if (st == SLIME_OK) return call;
+        srv_unref_locked(srv); /* the client is gone: nobody to answer */
+        call_free(call);
+    }
+    return NULL;
+}
+
+static bool head_done_locked(const slime_rpc_server_t *srv) {
+    const rpc_slot_t *head = list_first(&srv->posted, rpc_slot_t, link);
+    return head && req_done(head->req);
+}
+
+/* The wait predicate (see rpc_internal.h: look, never post or block). */
+static bool server_ready(void *arg) {
+    slime_rpc_server_t *srv = arg;
+    if (atomic_load(&srv->closing)) return true;
+    if (pthread_mutex_trylock(&srv->mu) != 0) return true;
+    bool ready = head_done_locked(srv);
+    slime_list_t *pos;
+    for (pos = srv->staged.next; !ready && pos != &srv->staged; pos = pos->next)
+        ready = req_done(container_of(pos, slime_rpc_call_t, link)->bulk_req);
+    pthread_mutex_unlock(&srv->mu);
+    return ready;
+}
+
+slime_status_t slime_rpc_server_create(slime_ctx_t *ctx, uint16_t port, uint64_t digest,
+                                       const uint64_t *method_ids, size_t n, const slime_rpc_opts_t *opts,
+                                       slime_rpc_server_t **out) {
+    if (out) *out = NULL;
+    if (!ctx || !out || (n && !method_ids))
+        return slime_errorf(SLIME_ERR_INVAL, "rpc_server_create: NULL %s", !ctx ? "context" : !out ? "out" : "method ids");
+    slime_rpc_opts_t o;
+    slime_rpc_opts_init(&o);
+    if (opts) o = *opts;
+    if (o.slot_size < SLIME_RPC_SLOT_MIN)
+        return slime_errorf(SLIME_ERR_INVAL, "rpc_server_create: slot_size %zu is below %d", o.slot_size,
+                            SLIME_RPC_SLOT_MIN);
+    if (o.credits < 1 || o.credits > SLIME_RPC_CREDITS_MAX || o.max_slots < 1)
+        return slime_errorf(SLIME_ERR_INVAL, "rpc_server_create: credits %u (1..%d) or max_slots %u (>= 1)",
+                            o.credits, SLIME_RPC_CREDITS_MAX, o.max_slots);
+    slime_rpc_server_t *srv = calloc(1, sizeof *srv);
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!srv || !ids) {
+        free(srv);
+        free(ids);
+        return slime_errorf(SLIME_ERR_NOMEM, "rpc_server_create: out of memory");
+    }
+    if (n) memcpy(ids, method_ids, n * sizeof *ids);
+    qsort(ids, n, sizeof *ids, cmp_u64);
+    srv->ctx = ctx;
+    srv->port = port;
+    srv->digest = digest;
+    srv->methods = ids;
+    srv->n_methods = n;
+    srv->opts = o;
+    pthread_mutex_init(&srv->mu, NULL);
+    list_init(&srv->posted);
+    list_init(&srv->staged);
+    list_init(&srv->orphans);
+    atomic_init(&srv->closing, false);
+    atomic_init(&srv->waiters, 0);
+    srv->refs = 1;
+
+    pthread_mutex_lock(&servers_mu);
+    slime_list_t *pos;
+    for (pos = servers.next; pos != &servers; pos = pos->next) {
+        slime_rpc_server_t *s = container_of(pos, slime_rpc_server_t, link);
+        if (s->ctx == ctx && s->port == port) {
+            pthread_mutex_unlock(&servers_mu);
+            srv_free(srv);
+            return slime_errorf(SLIME_ERR_BUSY, "rpc_server_create: port %u of this context has a server already",
+                                port);
+        }
+    }
+    list_push_back(&servers, &srv->link);
+    pthread_mutex_unlock(&servers_mu);
+
+    /* slots for the hellos to land in; each hello adds its credits' worth */
+    slime_status_t st = SLIME_OK;
+    pthread_mutex_lock(&srv->mu);
+    for (uint32_t i = 0; i < o.credits && i < o.max_slots && st == SLIME_OK; i++) st = slot_add_locked(srv);
+    pthread_mutex_unlock(&srv->mu);
+    if (st != SLIME_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", slime_last_error());
+        slime_rpc_server_destroy(srv);
+        return slime_errorf(st, "rpc_server_create: %s", why);
+    }
+    *out = srv;
+    return SLIME_OK;
+}
+
+slime_status_t slime_rpc_server_next(slime_rpc_server_t *srv, int64_t timeout_ms, slime_rpc_call_t **out) {
+    if (out) *out = NULL;
+    if (!srv || !out) return slime_errorf(SLIME_ERR_INVAL, "rpc_server_next: NULL %s", srv ? "out" : "server");
+    if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "rpc_server_next: negative timeout");
+    uint64_t deadline = deadline_after_ms(timeout_ms);
+    atomic_fetch_add(&srv->waiters, 1);
+    slime_status_t st;
+    pthread_mutex_lock(&srv->mu);
+    for (;;) {
+        if (atomic_load(&srv->ctx->closed)) atomic_store(&srv->closing, true);
+        if (atomic_load(&srv->closing)) {
+            st = SLIME_ERR_CLOSED;
+            break;
+        }
+        rpc_orphans_reap(&srv->orphans, false);
+        slime_rpc_call_t *call = take_staged_locked(srv);
+        while (!call && head_done_locked(srv)) {
+            rpc_slot_t *head = list_first(&srv->posted, rpc_slot_t, link);
+            list_del(&head->link);
+            call = take_slot_locked(srv, head);
+        }
+        if (call) {
+            *out = call;
+            st = SLIME_OK;
+            break;
+        }
+        if (now_ns() >= deadline) {
+            st = SLIME_ERR_TIMEOUT;
+            break;
+        }
+        pthread_mutex_unlock(&srv->mu);
+        ctx_wait_until(srv->ctx, server_ready, srv, deadline);
+        pthread_mutex_lock(&srv->mu);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    atomic_fetch_sub(&srv->waiters, 1);
+    if (st == SLIME_ERR_CLOSED) return slime_errorf(st, "rpc_server_next: the server is closed");
+    if (st == SLIME_ERR_TIMEOUT)
+        return slime_errorf(st, "rpc_server_next: no request within %lld ms", (long long)timeout_ms);
+    return st;
+}
+
+void slime_rpc_server_shutdown(slime_rpc_server_t *srv) {
+    if (!srv) return;
+    pthread_mutex_lock(&servers_mu);
+    list_del(&srv->link);
+    pthread_mutex_unlock(&servers_mu);
+    pthread_mutex_lock(&srv->mu);
+    atomic_store(&srv->closing, true);
+    /* canceling the slots completes their receives, which wakes the
+     * waiters sleeping in the core; they see closing and leave */
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->posted) {
+        rpc_slot_t *slot = container_of(pos, rpc_slot_t, link);
+        list_del(&slot->link);
+        rpc_slot_free(slot);
+        srv->n_slots--;
+    }
+    list_for_each_safe(pos, tmp, &srv->staged) {
+        slime_rpc_call_t *call = container_of(pos, slime_rpc_call_t, link);
+        list_del(&call->link);
+        /* a receive still posted is canceled; one moving data completes
+         * into call->owned, so that memory goes with the orphans */
+        slime_req_t *r = call->bulk_req;
+        if (r && slime_req_cancel(r) != SLIME_OK && !req_done(r)) {
+            rpc_orphan_add(&srv->orphans, r, call->owned);
+            call->owned = NULL;
+        } else {
+            slime_req_free(r);
+        }
+        srv->refs--;
+        call_free(call);
+    }
+    pthread_mutex_unlock(&srv->mu);
+}
+
+void slime_rpc_server_destroy(slime_rpc_server_t *srv) {
+    if (!srv) return;
+    slime_rpc_server_shutdown(srv);
+    while (atomic_load(&srv->waiters) > 0) sched_yield();
+    pthread_mutex_lock(&srv->mu);
+    bool last = srv_unref_locked(srv);
+    pthread_mutex_unlock(&srv->mu);
+    if (last) srv_free(srv);
+}
+
+/* ---- calls ---- */
+
+uint64_t slime_rpc_call_method(const slime_rpc_call_t *call) { return call ? call->method : 0; }
+
+const void *slime_rpc_call_data(const slime_rpc_call_t *call, size_t *len) {
+    if (len) *len = call ? call->len : 0;
+    return call ? call->data : NULL;
+}
+
+slime_ep_t *slime_rpc_call_ep(const slime_rpc_call_t *call) { return call ? call->ep : NULL; }
+
+slime_status_t slime_rpc_call_detach(slime_rpc_call_t *call, void **mem) {
+    if (!call || !mem) return slime_errorf(SLIME_ERR_INVAL, "rpc_call_detach: NULL argument");
+    *mem = NULL;
+    if (call->owned) {
+        *mem = call->owned;
+        call->owned = NULL;
+        return SLIME_OK;
+    }
+    if (!call->slot) return slime_errorf(SLIME_ERR_INVAL, "rpc_call_detach: the payload was detached already");
+    uint8_t *fresh = malloc(call->srv->opts.slot_size);
+    if (!fresh) return slime_errorf(SLIME_ERR_NOMEM, "rpc_call_detach: out of memory for a new slot");
+    *mem = call->slot->buf;
+    call->slot->buf = fresh;
+    return SLIME_OK;
+}
+
+slime_status_t slime_rpc_call_reply_buffer(slime_rpc_call_t *call, size_t cap, void **buf) {
+    if (!call || !buf) return slime_errorf(SLIME_ERR_INVAL, "rpc_call_reply_buffer: NULL argument");
+    *buf = NULL;
+    if (call->reply_stage || call->reply_bulk)
+        return slime_errorf(SLIME_ERR_INVAL, "rpc_call_reply_buffer: the call has a reply buffer already");
+    if (RPC_HDR + cap <= call->reply_inline) {
+        call->reply_stage = malloc(RPC_HDR + cap);
+        if (call->reply_stage) *buf = call->reply_stage + RPC_HDR;
+    } else {
+        call->reply_bulk = malloc(cap ? cap : 1);
+        *buf = call->reply_bulk;
+    }
+    call->reply_cap = cap;
+    return *buf ? SLIME_OK : slime_errorf(SLIME_ERR_NOMEM, "rpc_call_reply_buffer: out of memory for %zu bytes", cap);
+}
+
+/* Finishes a call: gives its slot back, sends the answer (kind, payload
+ * buf/len; buf is call->reply_stage + RPC_HDR or call->reply_bulk when
+ * built in place), waits for it to leave, frees the call. */
+/* Gives the call's slot back to the mailbox (once). */
+static void release_slot(slime_rpc_call_t *call) {
+    if (!call->slot) return;
+    pthread_mutex_lock(&call->srv->mu);
+    slot_repost_locked(call->srv, call->slot);
+    call->slot = NULL;
+    pthread_mutex_unlock(&call->srv->mu);
+}
+
+static slime_status_t call_finish(slime_rpc_call_t *call, uint8_t kind, const void *buf, size_t len,
+                                  int64_t timeout_ms) {
+    slime_rpc_server_t *srv = call->srv;
+    rpc_hdr_t h;
+    rpc_hdr_fill(&h, kind, call->cid);
+    h.req_id = call->req_id;
+    h.len = len;
+    bool in_stage = call->reply_stage && buf == call->reply_stage + RPC_HDR;
+    bool inline_ = RPC_HDR + len <= call->reply_inline;
+    uint8_t *stage = NULL;
+    if (inline_ && in_stage) {
+        stage = call->reply_stage;
+        call->reply_stage = NULL;
+    } else {
+        stage = malloc(RPC_HDR + (inline_ ? len : 0));
+        if (stage && inline_ && len) memcpy(stage + RPC_HDR, buf, len);
+    }
+    slime_status_t st = SLIME_OK;
+    slime_req_t *reqs[2] = {NULL, NULL};
+    void *bulk_owned = NULL;
+    if (!stage) {
+        st = slime_errorf(SLIME_ERR_NOMEM, "rpc reply: out of memory");
+        goto out;
+    }
+    if (!inline_) {
+        h.flags |= RPC_F_BULK;
+        if (call->reply_bulk && buf == call->reply_bulk) {
+            bulk_owned = call->reply_bulk;
+            call->reply_bulk = NULL;
+        }
+    }
+    memcpy(stage, &h, RPC_HDR);
+    /* An inline answer is copied by now (buf may lie in the request's own
+     * slot: an echo): the slot goes back before the reply leaves, so the
+     * credit the reply returns finds it posted.  A bulk answer may be read
+     * from the slot until it has left. */
+    if (inline_) release_slot(call);
+    uint64_t tag = rpc_tag(RPC_TAG_REPLY, call->cid);
+    st = slime_send(call->ep, stage, RPC_HDR + (inline_ ? len : 0), tag, &reqs[0]);
+    if (st == SLIME_OK && !inline_)
+        st = slime_send(call->ep, buf, len, rpc_bulk_tag(RPC_TAG_BULK_REPLY, call->cid, call->req_id), &reqs[1]);
+    if (st == SLIME_OK) st = slime_req_wait_all(reqs, inline_ ? 1 : 2, timeout_ms);
+    if (st == SLIME_ERR_TIMEOUT && reqs[1] && call->slot && (const uint8_t *)buf >= call->slot->buf &&
+        (const uint8_t *)buf < call->slot->buf + srv->opts.slot_size) {
+        /* the bulk may still read the slot's buffer: it goes with the
+         * orphans below, and the slot gets a new one */
+        void *mem = NULL;
+        if (slime_rpc_call_detach(call, &mem) == SLIME_OK) bulk_owned = mem;
+    }
+    if (st == SLIME_ERR_TIMEOUT) {
+        /* still queued: the buffers we own go with the orphans */
+        pthread_mutex_lock(&srv->mu);
+        rpc_orphan_add(&srv->orphans, reqs[0], stage);
+        if (reqs[1]) rpc_orphan_add(&srv->orphans, reqs[1], bulk_owned);
+        pthread_mutex_unlock(&srv->mu);
+        stage = NULL;
+        bulk_owned = NULL;
+        reqs[0] = reqs[1] = NULL;
+    }
+out:
+    release_slot(call);
+    /* a failed post leaves at most reqs[0] pending, and only on a broken
+     * endpoint, where the core fails it: free detaches it meanwhile */
+    if (reqs[0] && !req_done(reqs[0])) stage = NULL;
+    slime_req_free(reqs[0]);
+    slime_req_free(reqs[1]);
+    free(stage);
+    free(bulk_owned);
+    call_free(call);
+    pthread_mutex_lock(&srv->mu);
+    bool last = srv_unref_locked(srv);
+    pthread_mutex_unlock(&srv->mu);
+    if (last) srv_free(srv);
+    return st;
+}
+
+static slime_status_t finish_checked(slime_rpc_call_t *call, uint8_t kind, const void *buf, size_t len,
+                                     int64_t timeout_ms, const char *what) {
+    if (!call) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL call", what);
+    if (!buf && len) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL buffer of %zu bytes", what, len);
+    if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "%s: negative timeout", what);
+    return call_finish(call, kind, buf, len, timeout_ms);
+}
+
+slime_status_t slime_rpc_call_reply(slime_rpc_call_t *call, const void *buf, size_t len, int64_t timeout_ms) {
+    return finish_checked(call, RPC_REPLY, buf, len, timeout_ms, "rpc_call_reply");
+}
+
+slime_status_t slime_rpc_call_fail(slime_rpc_call_t *call, const void *buf, size_t len, int64_t timeout_ms) {
+    return finish_checked(call, RPC_ERROR, buf, len, timeout_ms, "rpc_call_fail");
+}
+
+slime_status_t slime_rpc_call_reply_commit(slime_rpc_call_t *call, size_t len, int64_t timeout_ms) {
+    if (!call) return slime_errorf(SLIME_ERR_INVAL, "rpc_call_reply_commit: NULL call");
+    if (!call->reply_stage && !call->reply_bulk)
+        return slime_errorf(SLIME_ERR_INVAL, "rpc_call_reply_commit: no reply buffer (call rpc_call_reply_buffer)");
+    if (len > call->reply_cap)
+        return slime_errorf(SLIME_ERR_INVAL, "rpc_call_reply_commit: %zu bytes in a %zu-byte buffer", len,
+                            call->reply_cap);
+    const void *buf = call->reply_stage ? call->reply_stage + RPC_HDR : call->reply_bulk;
+    if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "rpc_call_reply_commit: negative timeout");
+    return call_finish(call, RPC_REPLY, buf, len, timeout_ms);
+}
+
+void slime_rpc_call_drop(slime_rpc_call_t *call) {
+    if (!call) return;
+    slime_rpc_server_t *srv = call->srv;
+    pthread_mutex_lock(&srv->mu);
+    if (call->slot) { /* freed, not reposted: the context may be gone */
+        rpc_slot_free(call->slot);
+        srv->n_slots--;
+    }
+    bool last = srv_unref_locked(srv);
+    pthread_mutex_unlock(&srv->mu);
+    call_free(call);
+    if (last) srv_free(srv);
+}

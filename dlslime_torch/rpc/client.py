@@ -1,0 +1,157 @@
+"""Calling a service: proxies, futures, wait_all."""
+
+import asyncio
+import time
+
+from .. import _C
+from . import codec, peers
+from .errors import RpcError, RpcTimeoutError, decode_remote
+from .service import KIND_DEFAULT, spec_of
+
+DEFAULT_TIMEOUT = 30.0
+
+
+def _ms(timeout):
+    return max(0, int(timeout * 1000))
+
+
+class Future:
+    """One call in flight.  wait(timeout) returns the result or raises
+    (RemoteRpcError, RpcTimeoutError, RpcError); `await future` works in
+    asyncio (the wait runs in the loop's default executor)."""
+
+    __slots__ = ("_req", "_kind", "_timeout", "_done", "_result", "_error", "__weakref__")
+
+    def __init__(self, req, kind, timeout):
+        self._req = req
+        self._kind = kind
+        self._timeout = timeout
+        self._done = False
+        self._result = None
+        self._error = None
+
+    def _finish(self, remote_error):
+        req = self._req
+        if remote_error:
+            self._error = decode_remote(memoryview(req))
+        elif self._kind == KIND_DEFAULT:
+            try:
+                self._result = codec.decode(req)
+            except Exception as exc:
+                self._error = RpcError(f"rpc: cannot decode the reply: {exc}")
+        else:
+            self._result = memoryview(req)
+        self._done = True
+
+    def wait(self, timeout=None):
+        if not self._done:
+            timeout = self._timeout if timeout is None else timeout
+            try:
+                remote_error = self._req.wait(timeout_ms=_ms(timeout))
+            except _C.SlimeTimeoutError:
+                # given up: the C client drops the late reply when it comes
+                self._req.abandon()
+                self._error = RpcTimeoutError(f"rpc call got no reply within {timeout} s")
+                self._done = True
+            except _C.SlimePeerLostError as exc:
+                self._error = RpcError(f"rpc: the server is gone: {exc}")
+                self._done = True
+            except _C.SlimeError as exc:
+                self._error = RpcError(f"rpc call failed: {exc}")
+                self._done = True
+            else:
+                self._finish(remote_error)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    result = wait
+
+    def done(self):
+        return self._done or self._req.test()
+
+    def __await__(self):
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(None, self.wait).__await__()
+
+
+def wait_all(futures, timeout=None):
+    """Waits for every future (timeout in seconds for all of them
+    together); returns their results in order, or raises the first
+    failure in list order."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    results = []
+    for f in futures:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        results.append(f.wait(left))
+    return results
+
+
+class _Method:
+    __slots__ = ("_proxy", "_id", "_kind", "__name__")
+
+    def __init__(self, proxy, name, mid, kind):
+        self._proxy = proxy
+        self._id = mid
+        self._kind = kind
+        self.__name__ = name
+
+    def __call__(self, *args, **kwargs):
+        p = self._proxy
+        if self._kind == KIND_DEFAULT:
+            payload = codec.Encoded((args, kwargs)).to_bytearray()
+        else:
+            if len(args) != 1 or kwargs:
+                raise TypeError(f"{self.__name__} is a raw method: call it with one bytes-like argument")
+            payload = args[0]
+        client = p._client
+        if client is None:
+            raise RpcError("rpc: the proxy is closed")
+        try:
+            req = client.call(self._id, payload)
+        except _C.SlimePeerLostError as exc:
+            raise RpcError(f"rpc: the server is gone: {exc}") from exc
+        except _C.SlimeError as exc:
+            raise RpcError(f"rpc call failed: {exc}") from exc
+        return Future(req, self._kind, p.timeout)
+
+
+class Proxy:
+    """The client side of a service at one peer: each method returns a
+    Future."""
+
+    def __init__(self, peer, service_cls, timeout=DEFAULT_TIMEOUT, credits=None, slot_size=None):
+        self.spec = spec_of(service_cls)
+        self.peer = peer
+        self.timeout = timeout
+        peers.wait_service(peer, self.spec.name, timeout)
+        ep = peers.connect(peer, timeout)
+        ctx = peers.runtime.current()
+        try:
+            self._client = _C.RpcClient(ctx, ep, self.spec.port, self.spec.digest, timeout_ms=_ms(timeout),
+                                        credits=credits, slot_size=slot_size)
+        except _C.SlimeRefusedError as exc:
+            raise RpcError(f"rpc: {self.spec.name} at peer '{peer}' refused the channel: {exc}") from exc
+        except _C.SlimeError as exc:
+            raise RpcError(f"rpc: cannot open a channel to {self.spec.name} at peer '{peer}': {exc}") from exc
+        for name, (mid, kind, _) in self.spec.methods.items():
+            setattr(self, name, _Method(self, name, mid, kind))
+        peers.track(self)
+
+    def close(self):
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        peers.untrack(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def proxy(peer, service_cls, timeout=DEFAULT_TIMEOUT, **kwargs):
+    """A Proxy to service_cls served by peer (a rank inside torchrun, or
+    the name a process gave rpc.init)."""
+    return Proxy(peer, service_cls, timeout=timeout, **kwargs)

@@ -1,0 +1,36 @@
+"""The exceptions of SlimeRPC."""
+
+
+class RpcError(RuntimeError):
+    """An RPC failed: no channel, the server is gone, a closed client."""
+
+
+class RpcTimeoutError(RpcError, TimeoutError):
+    """A call did not complete in time; its late reply will be dropped."""
+
+
+class RemoteRpcError(RpcError):
+    """The remote handler raised.  remote_type, remote_message and
+    remote_traceback describe the exception on the server."""
+
+    def __init__(self, remote_type, remote_message, remote_traceback=""):
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+        text = f"{remote_type}: {remote_message}"
+        if remote_traceback:
+            text += "\n--- remote traceback ---\n" + remote_traceback.rstrip()
+        super().__init__(text)
+
+
+def encode_remote(exc_type, message, traceback_text=""):
+    """The error payload of a failed call: "Type\\0message\\0traceback"."""
+    return b"\0".join(s.encode("utf-8", "replace") for s in (exc_type, message, traceback_text))
+
+
+def decode_remote(payload):
+    """RemoteRpcError from an error payload (the C layer writes the same
+    format for its own errors, as type RpcError)."""
+    parts = bytes(payload).split(b"\0")
+    parts += [b""] * (3 - len(parts))
+    return RemoteRpcError(*(p.decode("utf-8", "replace") for p in parts[:3]))

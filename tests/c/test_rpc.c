@@ -1,0 +1,304 @@
+/*
+ * test_rpc.c - SlimeRPC in C: round trips of every size (inline and by
+ * bulk, replies sent from a buffer and built in place), many calls in
+ * flight with fewer credits and several server threads, remote errors,
+ * unknown methods, a mismatched service definition, a missing server,
+ * abandoned calls whose late replies must not land anywhere, and a
+ * server that dies mid-call.
+ */
+#include "harness.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PORT 4242
+#define DIGEST 0x5eed5eed5eed5eedull
+#define M_ECHO 0x1001ull    /* reply = payload */
+#define M_INPLACE 0x1002ull /* reply built in place: payload with each byte + 1 */
+#define M_FAIL 0x1003ull    /* error reply: the payload */
+#define M_SLOW 0x1004ull    /* sleeps the first payload byte * 10 ms, then echoes */
+#define M_HANG 0x1005ull    /* never answered */
+#define M_UNKNOWN 0x9999ull /* not served */
+
+static const uint64_t methods[] = {M_ECHO, M_INPLACE, M_FAIL, M_SLOW, M_HANG};
+
+static const size_t sizes[] = {0, 1, 1000, 65536 - 48, 65536 - 47, 65536, 200000, 1u << 20, 16u << 20};
+
+/* Serves one call: what every server thread of these cases does. */
+static void serve_call(slime_rpc_call_t *call)
+{
+    size_t len = 0;
+    const uint8_t *data = slime_rpc_call_data(call, &len);
+    switch (slime_rpc_call_method(call)) {
+    case M_ECHO:
+        H_CHECK_OK(slime_rpc_call_reply(call, data, len, H_WAIT_MS));
+        return;
+    case M_INPLACE: {
+        uint8_t *out = NULL;
+        H_CHECK_OK(slime_rpc_call_reply_buffer(call, len + 16, (void **)&out));
+        for (size_t i = 0; i < len; i++)
+            out[i] = (uint8_t)(data[i] + 1);
+        H_CHECK_OK(slime_rpc_call_reply_commit(call, len, H_WAIT_MS));
+        return;
+    }
+    case M_FAIL:
+        H_CHECK_OK(slime_rpc_call_fail(call, data, len, H_WAIT_MS));
+        return;
+    case M_SLOW:
+        h_sleep_ms(len ? data[0] * 10 : 0);
+        /* the client may have given up: an inline reply still leaves, a
+         * bulk one is refused by the zero-byte receive that drops it */
+        H_CHECK_ONE_OF(slime_rpc_call_reply(call, data, len, H_WAIT_MS), SLIME_OK, SLIME_ERR_TRUNCATED);
+        return;
+    }
+    H_CHECK(!"a method the server does not serve was handed out");
+}
+
+typedef struct server_arg {
+    slime_rpc_server_t *srv;
+    atomic_int served;
+} server_arg_t;
+
+static void *server_thread(void *p)
+{
+    server_arg_t *a = p;
+    for (;;) {
+        slime_rpc_call_t *call = NULL;
+        slime_status_t st = slime_rpc_server_next(a->srv, H_WAIT_MS, &call);
+        if (st == SLIME_ERR_CLOSED)
+            return NULL;
+        H_CHECK_OK(st);
+        serve_call(call);
+        atomic_fetch_add(&a->served, 1);
+    }
+}
+
+/* Rank 1 serves with nthreads threads until rank 0 says it is done. */
+static void run_server(h_rank_t *r, const slime_rpc_opts_t *opts, int nthreads)
+{
+    server_arg_t a = {0};
+    H_CHECK_OK(slime_rpc_server_create(r->ctx, PORT, DIGEST, methods, sizeof methods / sizeof methods[0], opts,
+                                       &a.srv));
+    slime_rpc_server_t *dup = NULL;
+    H_CHECK_STATUS(slime_rpc_server_create(r->ctx, PORT, 1, methods, 1, NULL, &dup), SLIME_ERR_BUSY);
+    pthread_t th[4];
+    for (int i = 0; i < nthreads; i++)
+        H_CHECK(pthread_create(&th[i], NULL, server_thread, &a) == 0);
+    h_ctl_send_u64(r, 0, 1);              /* ready */
+    (void)h_ctl_recv_u64(r, 0);           /* done */
+    slime_rpc_server_shutdown(a.srv);     /* the threads leave with CLOSED */
+    for (int i = 0; i < nthreads; i++)
+        pthread_join(th[i], NULL);
+    slime_rpc_server_destroy(a.srv);
+}
+
+static slime_rpc_client_t *client(h_rank_t *r, uint32_t credits)
+{
+    (void)h_ctl_recv_u64(r, 1); /* the server is up */
+    slime_rpc_opts_t o;
+    slime_rpc_opts_init(&o);
+    o.credits = credits;
+    slime_rpc_client_t *cli = NULL;
+    H_CHECK_OK(slime_rpc_client_create(r->ctx, r->ep[1], PORT, DIGEST, &o, H_WAIT_MS, &cli));
+    H_CHECK(slime_rpc_client_credits(cli) >= 1 && slime_rpc_client_credits(cli) <= credits);
+    return cli;
+}
+
+static void call_check(slime_rpc_client_t *cli, uint64_t method, const uint8_t *msg, size_t len,
+                       uint64_t seed, int add, bool remote_error)
+{
+    slime_rpc_req_t *req = NULL;
+    H_CHECK_OK(slime_rpc_call(cli, method, msg, len, &req));
+    H_CHECK_OK(slime_rpc_req_wait(req, H_WAIT_MS));
+    H_CHECK_EQ(slime_rpc_req_remote_error(req), remote_error);
+    size_t got = 0;
+    const uint8_t *back = slime_rpc_req_data(req, &got);
+    H_CHECK_EQ(got, len);
+    for (size_t i = 0; i < len; i++)
+        if (back[i] != (uint8_t)(h_pattern_byte(seed, i) + add))
+            h_fail(__FILE__, __LINE__, "reply of %zu bytes differs at %zu", len, i);
+    slime_rpc_req_free(req);
+}
+
+/* Every size through the three kinds of answer. */
+static void case_sizes(h_rank_t *r)
+{
+    if (r->rank == 1) {
+        run_server(r, NULL, 1);
+        return;
+    }
+    slime_rpc_client_t *cli = client(r, 4);
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k];
+        uint8_t *msg = h_alloc(n + 1);
+        h_fill(msg, n, k, 0);
+        call_check(cli, M_ECHO, msg, n, k, 0, false);
+        call_check(cli, M_INPLACE, msg, n, k, 1, false);
+        call_check(cli, M_FAIL, msg, n, k, 0, true);
+        free(msg);
+    }
+    slime_rpc_client_destroy(cli);
+    h_ctl_send_u64(r, 1, 1);
+}
+
+/* 64 calls in flight on 4 credits, 3 server threads; each gets its own
+ * reply.  Then a 256 MiB payload both ways. */
+static void case_many(h_rank_t *r)
+{
+    if (r->rank == 1) {
+        run_server(r, NULL, 3);
+        return;
+    }
+    slime_rpc_client_t *cli = client(r, 4);
+    enum { N = 64 };
+    uint8_t *msgs[N];
+    slime_rpc_req_t *reqs[N];
+    for (int i = 0; i < N; i++) {
+        size_t n = (i % 3 == 0) ? 100000 + (size_t)i : 64 + (size_t)i;
+        msgs[i] = h_alloc(n);
+        h_fill(msgs[i], n, 100 + (uint64_t)i, 0);
+        H_CHECK_OK(slime_rpc_call(cli, i % 2 ? M_ECHO : M_INPLACE, msgs[i], n, &reqs[i]));
+    }
+    for (int i = N - 1; i >= 0; i--) { /* waiting out of order drives the others too */
+        size_t n = (i % 3 == 0) ? 100000 + (size_t)i : 64 + (size_t)i;
+        H_CHECK_OK(slime_rpc_req_wait(reqs[i], H_WAIT_MS));
+        size_t got = 0;
+        const uint8_t *back = slime_rpc_req_data(reqs[i], &got);
+        H_CHECK_EQ(got, n);
+        int add = i % 2 ? 0 : 1;
+        for (size_t j = 0; j < n; j++)
+            if (back[j] != (uint8_t)(h_pattern_byte(100 + (uint64_t)i, j) + add))
+                h_fail(__FILE__, __LINE__, "call %d: byte %zu differs", i, j);
+        void *mem = NULL;
+        H_CHECK_OK(slime_rpc_req_detach(reqs[i], &mem));
+        slime_rpc_req_free(reqs[i]);
+        H_CHECK(((uint8_t *)mem)[0] == back[0]); /* still ours after free */
+        free(mem);
+        free(msgs[i]);
+    }
+    const size_t big = 256u << 20;
+    uint8_t *msg = h_alloc(big);
+    h_fill(msg, big, 7, 0);
+    slime_rpc_req_t *req = NULL;
+    H_CHECK_OK(slime_rpc_call(cli, M_ECHO, msg, big, &req));
+    H_CHECK_OK(slime_rpc_req_wait(req, H_WAIT_MS));
+    size_t got = 0;
+    const uint8_t *back = slime_rpc_req_data(req, &got);
+    H_CHECK_EQ(got, big);
+    H_CHECK(memcmp(back, msg, big) == 0);
+    slime_rpc_req_free(req);
+    free(msg);
+    slime_rpc_client_destroy(cli);
+    h_ctl_send_u64(r, 1, 1);
+}
+
+/* Unknown methods, a wrong digest and a missing server are clear errors;
+ * a call given up on has its late reply dropped, and the next call gets
+ * its own reply. */
+static void case_errors(h_rank_t *r)
+{
+    if (r->rank == 1) {
+        run_server(r, NULL, 1);
+        return;
+    }
+    slime_rpc_client_t *cli = client(r, 2);
+    slime_rpc_req_t *req = NULL;
+    H_CHECK_OK(slime_rpc_call(cli, M_UNKNOWN, "x", 1, &req));
+    H_CHECK_OK(slime_rpc_req_wait(req, H_WAIT_MS));
+    H_CHECK(slime_rpc_req_remote_error(req));
+    size_t len = 0;
+    const char *text = slime_rpc_req_data(req, &len);
+    H_CHECK(len > 9 && strcmp(text, "RpcError") == 0 && strstr(text + 9, "unknown method"));
+    slime_rpc_req_free(req);
+
+    slime_rpc_client_t *bad = NULL;
+    H_CHECK_STATUS(slime_rpc_client_create(r->ctx, r->ep[1], PORT, DIGEST + 1, NULL, H_WAIT_MS, &bad),
+                   SLIME_ERR_REFUSED);
+    H_CHECK(strstr(slime_last_error(), "service definition mismatch") != NULL);
+    H_CHECK(bad == NULL);
+    H_CHECK_STATUS(slime_rpc_client_create(r->ctx, r->ep[1], PORT + 1, DIGEST, NULL, 300, &bad),
+                   SLIME_ERR_TIMEOUT);
+
+    /* two calls given up on (inline and bulk replies), both credits busy */
+    uint8_t slow[2][200000];
+    memset(slow, 0, sizeof slow);
+    slow[0][0] = slow[1][0] = 30; /* 300 ms */
+    slime_rpc_req_t *late[2];
+    H_CHECK_OK(slime_rpc_call(cli, M_SLOW, slow[0], 10, &late[0]));
+    H_CHECK_OK(slime_rpc_call(cli, M_SLOW, slow[1], sizeof slow[1], &late[1]));
+    H_CHECK_STATUS(slime_rpc_req_wait(late[0], 20), SLIME_ERR_TIMEOUT);
+    H_CHECK(slime_rpc_req_sent(late[0]));
+    slime_rpc_req_free(late[0]);
+    H_CHECK_STATUS(slime_rpc_req_wait(late[1], 1), SLIME_ERR_TIMEOUT);
+    slime_rpc_req_free(late[1]); /* slow[1] stays valid until its bulk has left (below) */
+    /* queued behind them until their late replies return the credits */
+    uint8_t msg[5000];
+    for (int i = 0; i < 4; i++) {
+        h_fill(msg, sizeof msg, 40 + (uint64_t)i, 0);
+        call_check(cli, M_ECHO, msg, sizeof msg, 40 + (uint64_t)i, 0, false);
+    }
+    /* a request freed while it waited for a credit is never sent */
+    slime_rpc_req_t *a = NULL, *b = NULL, *c = NULL;
+    uint8_t s1[1] = {20};
+    H_CHECK_OK(slime_rpc_call(cli, M_SLOW, s1, 1, &a));
+    H_CHECK_OK(slime_rpc_call(cli, M_SLOW, s1, 1, &b));
+    H_CHECK_OK(slime_rpc_call(cli, M_ECHO, "never", 5, &c));
+    H_CHECK(!slime_rpc_req_sent(c));
+    slime_rpc_req_free(c);
+    H_CHECK_OK(slime_rpc_req_wait(a, H_WAIT_MS));
+    H_CHECK_OK(slime_rpc_req_wait(b, H_WAIT_MS));
+    slime_rpc_req_free(a);
+    slime_rpc_req_free(b);
+    /* bad arguments */
+    H_CHECK_STATUS(slime_rpc_call(cli, M_ECHO, NULL, 5, &a), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_rpc_call(NULL, M_ECHO, "x", 1, &a), SLIME_ERR_INVAL);
+    slime_rpc_opts_t o;
+    slime_rpc_opts_init(&o);
+    o.slot_size = 10;
+    H_CHECK_STATUS(slime_rpc_client_create(r->ctx, r->ep[1], PORT, DIGEST, &o, 100, &bad), SLIME_ERR_INVAL);
+    slime_rpc_client_destroy(cli);
+    h_ctl_send_u64(r, 1, 1);
+}
+
+/* The server dies while a call is in its hands: the call fails with
+ * PEER_LOST, and so does every later call on the channel. */
+static void case_server_dies(h_rank_t *r)
+{
+    if (r->rank == 1) {
+        slime_rpc_server_t *srv = NULL;
+        H_CHECK_OK(slime_rpc_server_create(r->ctx, PORT, DIGEST, methods, 5, NULL, &srv));
+        h_ctl_send_u64(r, 0, 1);
+        slime_rpc_call_t *call = NULL;
+        H_CHECK_OK(slime_rpc_server_next(srv, H_WAIT_MS, &call));
+        H_CHECK_EQ(slime_rpc_call_method(call), M_HANG);
+        void *mem = NULL;
+        H_CHECK_OK(slime_rpc_call_detach(call, &mem));
+        h_ctl_send_u64(r, 0, 2); /* got it: kill me */
+        h_sleep_ms(60000);
+        return;
+    }
+    slime_rpc_client_t *cli = client(r, 4);
+    slime_rpc_req_t *req = NULL;
+    H_CHECK_OK(slime_rpc_call(cli, M_HANG, "zzz", 3, &req));
+    (void)h_ctl_recv_u64(r, 1);
+    h_kill_rank(r, 1);
+    H_CHECK_STATUS(slime_rpc_req_wait(req, H_WAIT_MS), SLIME_ERR_PEER_LOST);
+    H_CHECK(strstr(slime_rpc_req_error(req), "server is gone") != NULL);
+    slime_rpc_req_free(req);
+    slime_rpc_req_t *again = NULL;
+    H_CHECK_STATUS(slime_rpc_call(cli, M_ECHO, "x", 1, &again), SLIME_ERR_PEER_LOST);
+    slime_rpc_client_destroy(cli);
+}
+
+int main(int argc, char **argv)
+{
+    static const h_case_t cases[] = {
+        {"sizes", case_sizes, 2, false, 0},
+        {"many", case_many, 2, false, 0},
+        {"errors", case_errors, 2, false, 0},
+        {"server_dies", case_server_dies, 2, false, 1u << 1},
+    };
+    return h_main("test_rpc", cases, sizeof cases / sizeof cases[0], argc, argv);
+}
