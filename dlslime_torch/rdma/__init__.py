@@ -51,14 +51,15 @@ wait runs out, the operation still pending.
 """
 
 from ..futures import DEFAULT_TIMEOUT_S, Future, wait_all
-from .errors import (RdmaAccessError, RdmaError, RdmaInvalidError,
-                     RdmaPeerLostError, RdmaTimeoutError)
+from .errors import (RdmaAccessError, RdmaCanceledError, RdmaError,
+                     RdmaInvalidError, RdmaPeerLostError, RdmaTimeoutError)
 from .ops import batch_read, batch_write, read, recv_imm, write, write_with_imm
 from .region import Peer, Region, RemoteTensor, local_peer, register
 from .window import Window, ensure_context, register_window
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "Future", "Peer", "RdmaAccessError", "RdmaError",
+    "DEFAULT_TIMEOUT_S", "Future", "Peer", "RdmaAccessError",
+    "RdmaCanceledError", "RdmaError",
     "RdmaInvalidError", "RdmaPeerLostError", "RdmaTimeoutError", "Region",
     "RemoteTensor", "Window", "batch_read", "batch_read_sync", "batch_write",
     "batch_write_sync", "ensure_context", "local_peer", "read", "read_sync",

@@ -55,10 +55,18 @@ class RdmaPeerLostError(RdmaError, _C.SlimePeerLostError):
         super().__init__(message, status, detail)
 
 
+class RdmaCanceledError(RdmaError, _C.SlimeCanceledError):
+    """A receive of an immediate was canceled before one arrived."""
+
+    def __init__(self, message, status=_C.ERR_CANCELED, detail=None):
+        super().__init__(message, status, detail)
+
+
 _STATUS_NAMES = {getattr(_C, n): n.replace("ERR_", "SLIME_ERR_")
                  for n in dir(_C) if n.startswith("ERR_")}
 _BY_STATUS = {_C.ERR_INVAL: RdmaInvalidError, _C.ERR_ACCESS: RdmaAccessError,
-              _C.ERR_TIMEOUT: RdmaTimeoutError, _C.ERR_PEER_LOST: RdmaPeerLostError}
+              _C.ERR_TIMEOUT: RdmaTimeoutError, _C.ERR_PEER_LOST: RdmaPeerLostError,
+              _C.ERR_CANCELED: RdmaCanceledError}
 
 
 def from_core(exc, what):
