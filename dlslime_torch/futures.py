@@ -51,7 +51,8 @@ class Future:
 
     request: the _C.Request, or None for an operation that is complete
     already.  value: what result() returns on success; a callable is
-    called with the request.  what: the operation in words, for errors.
+    called with the request.  what: the operation in words, for errors
+    (or a callable that makes them: most operations never fail).
     wrap_error(exc, what): turns a core error into the exception to raise.
     keep: objects to keep alive until the request finished.  cleanup: run
     once when the request is seen finished.
@@ -94,6 +95,9 @@ class Future:
         if cleanup is not None:
             cleanup()
 
+    def _describe(self):
+        return self._what() if callable(self._what) else self._what
+
     def _still_pending(self):
         # The core reports "ran out" and "ended with a timeout status"
         # with the same exception; the request's status tells them apart.
@@ -108,10 +112,10 @@ class Future:
                 self._req.wait(timeout_ms=ms)
             except _C.SlimeTimeoutError as exc:
                 if self._still_pending():
-                    raise self._wrap(exc, self._what) from None
-                self._settle(self._wrap(exc, self._what))
+                    raise self._wrap(exc, self._describe()) from None
+                self._settle(self._wrap(exc, self._describe()))
             except _C.SlimeError as exc:
-                self._settle(self._wrap(exc, self._what))
+                self._settle(self._wrap(exc, self._describe()))
             else:
                 self._settle(None)
         if self._state == _FAILED:
@@ -125,7 +129,7 @@ class Future:
             try:
                 finished = self._req.test()
             except _C.SlimeError as exc:
-                self._settle(self._wrap(exc, self._what))
+                self._settle(self._wrap(exc, self._describe()))
             else:
                 if finished:
                     self._settle(None)
@@ -171,7 +175,7 @@ class Future:
 
     def __repr__(self):
         state = {_PENDING: "pending", _OK: "done", _FAILED: "failed"}[self._state]
-        return f"<dlslime Future {self._what}: {state}>"
+        return f"<dlslime Future {self._describe()}: {state}>"
 
 
 def wait_all(futures, timeout=None):

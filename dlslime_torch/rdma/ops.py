@@ -53,64 +53,83 @@ def _as_offset(value, name, label):
     return value
 
 
+class _Call:
+    """What every op of one call is checked against: this process's
+    context and job (looked up once per call, not per op)."""
+
+    __slots__ = ("ctx", "ctx_id", "job")
+
+    def __init__(self):
+        self.ctx = regions.context()
+        self.ctx_id = self.ctx.id
+        self.job = regions.this_job()
+
+
 class _Op:
     """One checked operation: local (a contiguous CPU tensor), remote,
     and the byte range in the remote region.  own: this process's Region
-    behind the descriptor (None for a peer's)."""
+    behind the descriptor (None for a peer's).  The checks are the hot
+    path of small operations, so the text for errors is made only when
+    needed (describe)."""
 
-    __slots__ = ("kind", "local", "remote", "roff", "nbytes", "imm", "own", "what")
+    __slots__ = ("kind", "local", "remote", "offset", "roff", "nbytes", "imm", "own", "label")
 
-    def __init__(self, kind, local, remote, offset, job, imm=None, label=""):
+    def __init__(self, kind, local, remote, offset, call, imm=None, label=""):
+        self.kind, self.remote, self.imm, self.label = kind, remote, imm, label
         if isinstance(local, Region):
             local.check_registered()
             local = local.tensor
-        check_tensor(local, f"{label}the local tensor of {kind}")
-        if not isinstance(remote, RemoteTensor):
+        self.local = check_tensor(local, f"{label}the local tensor of {kind}")
+        if type(remote) is not RemoteTensor and not isinstance(remote, RemoteTensor):
             raise RdmaInvalidError(
                 f"dlslime rdma: {label}the remote side of {kind} must be a "
                 f"RemoteTensor (Region.descriptor() of its owner), got "
                 f"{type(remote).__name__}")
-        offset = _as_offset(offset, "offset", label)
+        self.offset = offset = _as_offset(offset, "offset", label)
         n = local.numel()
-        dtype = str(local.dtype).replace("torch.", "")
-        self.what = (f"{label}{kind} of {n} {dtype} elements "
-                     f"{'from' if kind == 'read' else 'to'} {remote} at element {offset}")
-        if remote.owner.job != job:
+        if remote.owner.job != call.job:
             raise RdmaAccessError(
-                f"dlslime rdma: {self.what}: the descriptor comes from another "
+                f"dlslime rdma: {self.describe()}: the descriptor comes from another "
                 f"job (its job id differs from this process's); descriptors "
                 f"are valid only in the job that made them")
         if len(remote.desc) != _C.DESC_SIZE:
-            raise RdmaInvalidError(f"dlslime rdma: {self.what}: malformed "
+            raise RdmaInvalidError(f"dlslime rdma: {self.describe()}: malformed "
                                    f"descriptor ({len(remote.desc)} bytes)")
         if local.dtype != remote.dtype:
             raise RdmaInvalidError(
-                f"dlslime rdma: {self.what}: the local tensor is {local.dtype} "
+                f"dlslime rdma: {self.describe()}: the local tensor is {local.dtype} "
                 f"but the remote one is {remote.dtype}; they must match")
         if offset + n > remote.numel:
             raise RdmaAccessError(
-                f"dlslime rdma: {self.what}: elements [{offset}, {offset + n}) "
+                f"dlslime rdma: {self.describe()}: elements [{offset}, {offset + n}) "
                 f"are outside the remote tensor of {remote.numel} elements")
         if imm is not None:
             if isinstance(imm, bool) or not isinstance(imm, int) or not 0 <= imm < 1 << 32:
-                raise RdmaInvalidError(f"dlslime rdma: {self.what}: imm must be "
+                raise RdmaInvalidError(f"dlslime rdma: {self.describe()}: imm must be "
                                        f"an int in [0, 2**32), got {imm!r}")
             if n == 0:
-                raise RdmaInvalidError(f"dlslime rdma: {self.what}: write_with_imm "
+                raise RdmaInvalidError(f"dlslime rdma: {self.describe()}: write_with_imm "
                                        f"needs at least one element to carry the "
                                        f"immediate")
-        self.kind, self.local, self.remote, self.imm = kind, local, remote, imm
-        self.roff, self.nbytes = offset * local.element_size(), n * local.element_size()
+        size = local.element_size()
+        self.roff, self.nbytes = offset * size, n * size
         self.own = None
-        if remote.owner.context_id == regions.context().id:
+        if remote.owner.context_id == call.ctx_id:
             if imm is not None:
                 raise RdmaInvalidError(
-                    f"dlslime rdma: {self.what}: the region belongs to this "
+                    f"dlslime rdma: {self.describe()}: the region belongs to this "
                     f"process, which cannot send itself an immediate")
             self.own = regions.by_desc(remote.desc)
             if self.own is None:
-                raise RdmaAccessError(f"dlslime rdma: {self.what}: that region "
+                raise RdmaAccessError(f"dlslime rdma: {self.describe()}: that region "
                                       f"of this process was deregistered")
+
+    def describe(self):
+        """The operation in words, for errors."""
+        dtype = str(self.local.dtype).replace("torch.", "")
+        return (f"{self.label}{self.kind} of {self.local.numel()} {dtype} elements "
+                f"{'from' if self.kind == 'read' else 'to'} {self.remote} at element "
+                f"{self.offset}")
 
     def copy_locally(self):
         size = self.local.element_size()
@@ -162,29 +181,49 @@ class _LocalRegions:
         self.temporary = {}
 
 
-def _post(kind, ops, value, what):
-    """Posts checked ops (one request for all of them) and serves those on
-    this process's own regions by copying; returns the Future."""
-    ctx = regions.context()
-    local = _LocalRegions(ctx)
-    c_ops, keep = [], []
+def _post_one(call, op):
+    """Posts one checked op (the hot path of small transfers: no batch);
+    returns the Future, whose result is the local tensor."""
+    if op.own is not None or op.nbytes == 0:
+        if op.nbytes:
+            op.copy_locally()
+        return Future(None, op.local)
+    local = _LocalRegions(call.ctx)
+    try:
+        ep = _endpoint(call.ctx, op.remote.owner)
+        mr, off = local.find(op.local)
+        if op.kind == "read":
+            request = ep.read(mr, off, op.remote.desc, op.roff, op.nbytes)
+        elif op.kind == "write":
+            request = ep.write(mr, off, op.remote.desc, op.roff, op.nbytes)
+        else:
+            request = ep.write_imm(mr, off, op.remote.desc, op.roff, op.nbytes, op.imm)
+    except _C.SlimeError as exc:
+        local.close()
+        raise from_core(exc, op.describe()) from None
+    except BaseException:
+        local.close()
+        raise
+    if local.temporary:
+        return Future(request, op.local, what=op.describe, wrap_error=from_core,
+                      keep=local, cleanup=local.close)
+    return Future(request, op.local, what=op.describe, wrap_error=from_core)
+
+
+def _post_many(call, kind, ops, what):
+    """Posts checked ops as one batch and serves those on this process's
+    own regions by copying; returns the Future, whose result is the list
+    of local tensors."""
+    local = _LocalRegions(call.ctx)
+    c_ops, opcode = [], _OPCODES[kind]
     try:
         for op in ops:
             if op.own is not None or op.nbytes == 0:
                 continue
-            ep = _endpoint(ctx, op.remote.owner)
+            ep = _endpoint(call.ctx, op.remote.owner)
             mr, off = local.find(op.local)
-            entry = (_OPCODES[op.kind], ep, mr, off, op.remote.desc, op.roff, op.nbytes)
-            c_ops.append(entry if op.imm is None else entry + (op.imm,))
-            keep.append(op.local)
-        request = None
-        if len(c_ops) == 1:
-            _, ep, mr, off, desc, roff, n, *imm = c_ops[0]
-            post = getattr(ep, {"read": "read", "write": "write",
-                                "write_with_imm": "write_imm"}[kind])
-            request = post(mr, off, desc, roff, n, *imm)
-        elif c_ops:
-            request = ctx.batch(c_ops)
+            c_ops.append((opcode, ep, mr, off, op.remote.desc, op.roff, op.nbytes))
+        request = call.ctx.batch(c_ops) if c_ops else None
     except _C.SlimeError as exc:
         local.close()
         raise from_core(exc, what) from None
@@ -194,29 +233,31 @@ def _post(kind, ops, value, what):
     for op in ops:
         if op.own is not None and op.nbytes:
             op.copy_locally()
-    return Future(request, value, what=what, wrap_error=from_core,
-                  keep=(keep, local), cleanup=local.close)
+    # The request holds the memory regions; the local tensors are held
+    # here so that the future's result is the very tensors given.
+    return Future(request, [op.local for op in ops], what=what, wrap_error=from_core,
+                  keep=local, cleanup=local.close if local.temporary else None)
 
 
 def read(dst, remote, offset=0):
     """Reads remote elements [offset, offset + dst.numel()) into dst;
     returns a Future whose result is dst."""
-    op = _Op("read", dst, remote, offset, regions.this_job())
-    return _post("read", [op], op.local, op.what)
+    call = _Call()
+    return _post_one(call, _Op("read", dst, remote, offset, call))
 
 
 def write(src, remote, offset=0):
     """Writes src into remote elements [offset, offset + src.numel());
     returns a Future whose result is src."""
-    op = _Op("write", src, remote, offset, regions.this_job())
-    return _post("write", [op], op.local, op.what)
+    call = _Call()
+    return _post_one(call, _Op("write", src, remote, offset, call))
 
 
 def write_with_imm(src, remote, imm, offset=0):
     """write(), then the 32-bit imm is delivered to the remote region's
     owner (recv_imm there) once the data is in place."""
-    op = _Op("write_with_imm", src, remote, offset, regions.this_job(), imm=imm)
-    return _post("write_with_imm", [op], op.local, op.what)
+    call = _Call()
+    return _post_one(call, _Op("write_with_imm", src, remote, offset, call, imm=imm))
 
 
 def _peer_of(peer):
@@ -248,7 +289,7 @@ def recv_imm(peer):
     return Future(request, lambda req: req.imm, what=what, wrap_error=from_core)
 
 
-def _unpack(item, kind, index, job):
+def _unpack(item, kind, index, call):
     """A batch item, (local, remote, offset) or (local, remote,
     local_offset, remote_offset, length), as a checked _Op."""
     label = f"{kind} item {index}: "
@@ -271,15 +312,14 @@ def _unpack(item, kind, index, job):
                 f"dlslime rdma: {label}local elements [{loff}, {loff + length}) "
                 f"are outside the local tensor of {local.numel()} elements")
         local = local.reshape(-1)[loff:loff + length]
-    return _Op(kind, local, remote, offset, job, label=label)
+    return _Op(kind, local, remote, offset, call, label=label)
 
 
 def _batch(kind, items):
-    job = regions.this_job()
-    ops = [_unpack(item, kind, i, job) for i, item in enumerate(items)]
+    call = _Call()
+    ops = [_unpack(item, kind, i, call) for i, item in enumerate(items)]
     total = sum(op.nbytes for op in ops)
-    return _post(kind, ops, [op.local for op in ops],
-                 f"{kind} of {len(ops)} items ({total} bytes)")
+    return _post_many(call, kind, ops, f"{kind} of {len(ops)} items ({total} bytes)")
 
 
 def batch_read(items):

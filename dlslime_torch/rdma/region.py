@@ -10,6 +10,7 @@ without registering anything.
 """
 
 import dataclasses
+import functools
 import hashlib
 import threading
 import weakref
@@ -23,6 +24,7 @@ _ACCESS = {"": 0, "r": _C.ACCESS_REMOTE_READ, "w": _C.ACCESS_REMOTE_WRITE,
            "rw": _C.ACCESS_ALL, "wr": _C.ACCESS_ALL}
 
 
+@functools.lru_cache(maxsize=8)
 def job_id(token):
     """A digest of the job token: equal in every process of one job,
     revealing nothing of the token (which is the job's secret)."""
@@ -81,7 +83,7 @@ class RemoteTensor:
     dtype: torch.dtype
     shape: tuple
 
-    @property
+    @functools.cached_property   # in __dict__, which a frozen class allows
     def numel(self):
         n = 1
         for d in self.shape:
@@ -114,7 +116,7 @@ def check_tensor(tensor, what):
     if not isinstance(tensor, torch.Tensor):
         raise RdmaInvalidError(f"dlslime rdma: {what} must be a torch.Tensor, "
                                f"got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise RdmaInvalidError(
             f"dlslime rdma: {what} is on {tensor.device}; the core moves CPU "
             f"memory only (copy it to the CPU first)")
@@ -209,16 +211,22 @@ class _Registry:
         self._lock = threading.Lock()
         self._by_desc = weakref.WeakValueDictionary()
         self._all = weakref.WeakSet()
+        self._ranges = ()   # (addr, end, weakref) of each live region, for lookups
+
+    def _refresh(self):
+        self._ranges = tuple((r.addr, r.addr + r.nbytes, weakref.ref(r)) for r in self._all)
 
     def add(self, region):
         with self._lock:
             self._by_desc[region.remote.desc] = region
             self._all.add(region)
+            self._refresh()
 
     def discard(self, region):
         with self._lock:
             self._by_desc.pop(region.remote.desc, None)
             self._all.discard(region)
+            self._refresh()
 
     def by_desc(self, desc):
         region = self._by_desc.get(desc)
@@ -226,12 +234,13 @@ class _Registry:
 
     def containing(self, ctx, ptr, nbytes):
         """A live region of ctx holding [ptr, ptr + nbytes), or None."""
-        with self._lock:
-            regions = list(self._all)
-        for region in regions:
-            if (region.addr <= ptr and ptr + nbytes <= region.addr + region.nbytes
-                    and region.mr.context is ctx and region.mr.registered):
-                return region
+        end = ptr + nbytes
+        for start, stop, ref in self._ranges:   # a snapshot: no lock needed
+            if start <= ptr and end <= stop:
+                region = ref()
+                if (region is not None and region.mr.context is ctx
+                        and region.mr.registered):
+                    return region
         return None
 
 
