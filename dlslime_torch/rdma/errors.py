@@ -72,7 +72,10 @@ _BY_STATUS = {_C.ERR_INVAL: RdmaInvalidError, _C.ERR_ACCESS: RdmaAccessError,
 def from_core(exc, what):
     """The RdmaError for a core error exc raised by the operation `what`
     (a phrase such as "write of 4096 bytes to rank 1"): the same kind,
-    with `what` in front of the core's text."""
+    with `what` in front of the core's text.  An RdmaError already says
+    what failed: it is returned as it is."""
+    if isinstance(exc, RdmaError):
+        return exc
     status = getattr(exc, "status", None)
     cls = _BY_STATUS.get(status, RdmaError)
     err = cls(f"dlslime rdma: {what} failed: {exc}", status=status,

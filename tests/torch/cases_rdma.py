@@ -456,3 +456,35 @@ def run_rdma_cases(rank, size, store, expect):
         env.sync(timeout=TIMEOUT * 3)
     dist.destroy_process_group()
     return outcome
+
+
+def run_peer_dies(rank, size, store, transport):
+    """Rank 1 exits abruptly once rank 0 holds its descriptor and waits
+    for an immediate from it: rank 0's pending and later operations on it
+    fail (RdmaPeerLostError or the core's closed error), none hangs."""
+    import os
+    import time
+    import dlslime_torch  # noqa: F401
+    from dlslime_torch import rdma
+    dist.init_process_group("dlslime", store=store, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=60))
+    win = rdma.register_window(torch.zeros(1 << 20, dtype=torch.uint8))
+    pending = win.recv_imm(1) if rank == 0 else None
+    rdma.read(torch.empty(16, dtype=torch.uint8), win[1 - rank]).wait(TIMEOUT)
+    store.set(f"peer-dies/{transport}/ready/{rank}", b"1")
+    if rank == 1:
+        store.wait([f"peer-dies/{transport}/ready/0"])
+        os._exit(0)
+    store.wait([f"peer-dies/{transport}/ready/1"])
+    exc = pending.exception(TIMEOUT)                 # fails, does not hang
+    assert isinstance(exc, rdma.RdmaError), repr(exc)
+    start = time.monotonic()
+    for _ in range(3):
+        try:
+            rdma.read(torch.empty(1 << 20, dtype=torch.uint8), win[1]).wait(TIMEOUT)
+        except rdma.RdmaError as err:
+            later = err
+        else:
+            raise AssertionError("a read from a dead peer succeeded")
+    assert time.monotonic() - start < TIMEOUT, "failing took as long as the timeout"
+    return type(exc).__name__, type(later).__name__, str(later)

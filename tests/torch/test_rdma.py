@@ -36,3 +36,14 @@ def test_rdma(transport, size, name):
     failures = [f"rank {r}:\n{per_rank[name]}"
                 for r, per_rank in enumerate(outcomes(transport, size)) if per_rank[name]]
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("transport", ("shm", "tcp"))
+def test_dead_peer_fails_operations(transport):
+    from cases_rdma import run_peer_dies
+    result = run_job(2, run_peer_dies, transport, timeout=120, may_exit=(1,),
+                     env={"DLSLIME_TRANSPORT": transport})[0]
+    pending, later, text = result
+    assert pending in ("RdmaPeerLostError", "RdmaError"), result
+    assert later in ("RdmaPeerLostError", "RdmaError"), result
+    assert "rank 1" in text, text
