@@ -14,9 +14,12 @@ when torch is already imported, and otherwise the moment torch finishes
 importing (a one-shot import hook): either way "dlslime" is known before
 init_process_group can be called, and `import dlslime_torch` alone stays
 cheap.  The backend's Python API (register_backend, monitored_barrier,
-backend_available, BACKEND_NAME) loads on first use.
+backend_available, BACKEND_NAME) loads on first use, and so do the
+one-sided API `dlslime_torch.rdma` (read / write / write_with_imm between
+registered tensors of different ranks) and `dlslime_torch.futures`.
 """
 
+import importlib
 import importlib.abc
 import importlib.util
 import sys
@@ -34,7 +37,8 @@ except ImportError as exc:  # say how to fix it, keep the loader's reason
 
 _BACKEND_API = ("BACKEND_NAME", "backend_available", "monitored_barrier",
                 "register_backend")
-__all__ = ["_C", "__version__", *_BACKEND_API]
+_SUBMODULES = ("futures", "rdma")   # import torch: loaded on first use
+__all__ = ["_C", "__version__", *_BACKEND_API, *_SUBMODULES]
 
 
 def _register_backend():
@@ -80,6 +84,8 @@ elif importlib.util.find_spec("torch") is not None:
 
 
 def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     if name in _BACKEND_API:
         from . import backend
         return {"BACKEND_NAME": backend.BACKEND_NAME,

@@ -1,0 +1,335 @@
+"""read, write, write_with_imm, recv_imm and their batch forms.
+
+Every operation is checked in full before anything moves (for a batch:
+every op of it), so a bad argument raises at the call and neither side's
+memory is touched.  The checks name the tensor, the offset and the sizes;
+the core checks again at the target, which is what catches a region its
+owner has deregistered since handing out the descriptor.
+
+Local memory: a tensor inside a Region of this process uses that region;
+any other tensor has its whole storage registered for the operation (or
+the batch) only, and deregistered once the future has seen it finish.
+
+Descriptors of this process's own regions are served by a local copy
+(a process has no connection to itself), checked the same way.
+"""
+
+import torch
+
+from .. import _C, runtime
+from ..futures import Future
+from . import region as regions
+from .errors import RdmaAccessError, RdmaInvalidError, from_core
+from .region import Peer, Region, RemoteTensor, check_tensor
+
+CONNECT_TIMEOUT_S = 60
+_OPCODES = {"read": _C.OP_READ, "write": _C.OP_WRITE, "write_with_imm": _C.OP_WRITE_IMM}
+_endpoints = {}   # (our context id, peer context id) -> Endpoint
+
+
+def _endpoint(ctx, peer):
+    key = (ctx.id, peer.context_id)
+    ep = _endpoints.get(key)
+    if ep is not None and ep.status == _C.OK:
+        return ep
+    try:
+        ep = runtime.connect(peer.address, int(CONNECT_TIMEOUT_S * 1000))
+    except _C.SlimeError as exc:
+        raise from_core(exc, f"connecting to {peer}") from None
+    if ep.peer_id != peer.context_id:
+        raise RdmaAccessError(
+            f"dlslime rdma: the address of {peer} leads to context "
+            f"{ep.peer_id:016x}; the descriptor is stale (its owner is gone)")
+    _endpoints[key] = ep
+    return ep
+
+
+def _as_offset(value, name, label):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RdmaInvalidError(f"dlslime rdma: {label}{name} must be an int "
+                               f"(elements), got {value!r}")
+    if value < 0:
+        raise RdmaAccessError(f"dlslime rdma: {label}{name} is negative ({value})")
+    return value
+
+
+class _Call:
+    """What every op of one call is checked against: this process's
+    context and job (looked up once per call, not per op)."""
+
+    __slots__ = ("ctx", "ctx_id", "job")
+
+    def __init__(self):
+        self.ctx = regions.context()
+        self.ctx_id = self.ctx.id
+        self.job = regions.this_job()
+
+
+class _Op:
+    """One checked operation: local (a contiguous CPU tensor), remote,
+    and the byte range in the remote region.  own: this process's Region
+    behind the descriptor (None for a peer's).  The checks are the hot
+    path of small operations, so the text for errors is made only when
+    needed (describe)."""
+
+    __slots__ = ("kind", "local", "remote", "offset", "roff", "nbytes", "imm", "own", "label")
+
+    def __init__(self, kind, local, remote, offset, call, imm=None, label=""):
+        self.kind, self.remote, self.imm, self.label = kind, remote, imm, label
+        if isinstance(local, Region):
+            local.check_registered()
+            local = local.tensor
+        self.local = check_tensor(local, f"{label}the local tensor of {kind}")
+        if type(remote) is not RemoteTensor and not isinstance(remote, RemoteTensor):
+            raise RdmaInvalidError(
+                f"dlslime rdma: {label}the remote side of {kind} must be a "
+                f"RemoteTensor (Region.descriptor() of its owner), got "
+                f"{type(remote).__name__}")
+        self.offset = offset = _as_offset(offset, "offset", label)
+        n = local.numel()
+        if remote.owner.job != call.job:
+            raise RdmaAccessError(
+                f"dlslime rdma: {self.describe()}: the descriptor comes from another "
+                f"job (its job id differs from this process's); descriptors "
+                f"are valid only in the job that made them")
+        if len(remote.desc) != _C.DESC_SIZE:
+            raise RdmaInvalidError(f"dlslime rdma: {self.describe()}: malformed "
+                                   f"descriptor ({len(remote.desc)} bytes)")
+        if local.dtype != remote.dtype:
+            raise RdmaInvalidError(
+                f"dlslime rdma: {self.describe()}: the local tensor is {local.dtype} "
+                f"but the remote one is {remote.dtype}; they must match")
+        if offset + n > remote.numel:
+            raise RdmaAccessError(
+                f"dlslime rdma: {self.describe()}: elements [{offset}, {offset + n}) "
+                f"are outside the remote tensor of {remote.numel} elements")
+        if imm is not None:
+            if isinstance(imm, bool) or not isinstance(imm, int) or not 0 <= imm < 1 << 32:
+                raise RdmaInvalidError(f"dlslime rdma: {self.describe()}: imm must be "
+                                       f"an int in [0, 2**32), got {imm!r}")
+            if n == 0:
+                raise RdmaInvalidError(f"dlslime rdma: {self.describe()}: write_with_imm "
+                                       f"needs at least one element to carry the "
+                                       f"immediate")
+        size = local.element_size()
+        self.roff, self.nbytes = offset * size, n * size
+        self.own = None
+        if remote.owner.context_id == call.ctx_id:
+            if imm is not None:
+                raise RdmaInvalidError(
+                    f"dlslime rdma: {self.describe()}: the region belongs to this "
+                    f"process, which cannot send itself an immediate")
+            self.own = regions.by_desc(remote.desc)
+            if self.own is None:
+                raise RdmaAccessError(f"dlslime rdma: {self.describe()}: that region "
+                                      f"of this process was deregistered")
+
+    def describe(self):
+        """The operation in words, for errors."""
+        dtype = str(self.local.dtype).replace("torch.", "")
+        return (f"{self.label}{self.kind} of {self.local.numel()} {dtype} elements "
+                f"{'from' if self.kind == 'read' else 'to'} {self.remote} at element "
+                f"{self.offset}")
+
+    def copy_locally(self):
+        size = self.local.element_size()
+        theirs = self.own.tensor.detach().reshape(-1)[
+            self.roff // size:(self.roff + self.nbytes) // size]
+        mine = self.local.detach().reshape(-1)
+        if self.kind == "read":
+            mine.copy_(theirs)
+        else:
+            theirs.copy_(mine)
+
+
+class _LocalRegions:
+    """Finds (or registers for this call only) the memory region under
+    local tensors; close() deregisters what it registered."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.last = None
+        self.temporary = {}   # storage address -> MemoryRegion
+
+    def find(self, tensor):
+        """(MemoryRegion, byte offset of tensor in it)."""
+        ptr, nbytes = tensor.data_ptr(), tensor.nbytes
+        last = self.last   # batches tend to use one region over and over
+        if (last is None or not (last.addr <= ptr and ptr + nbytes <= last.addr + last.nbytes)
+                or not last.mr.registered):
+            last = self.last = regions.containing(self.ctx, ptr, nbytes)
+        if last is not None:
+            return last.mr, ptr - last.addr
+        storage = tensor.untyped_storage()
+        base = storage.data_ptr()
+        mr = self.temporary.get(base)
+        if mr is None:
+            whole = torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage)
+            try:
+                mr = self.ctx.reg_mr(whole.numpy(), access=0)
+            except _C.SlimeError as exc:
+                raise from_core(exc, f"registering a local tensor of {nbytes} bytes") from None
+            self.temporary[base] = mr
+        return mr, ptr - base
+
+    def close(self):
+        for mr in self.temporary.values():
+            try:
+                mr.dereg()
+            except _C.SlimeError:
+                pass   # still in use: freeing the object deregisters it later
+        self.temporary = {}
+
+
+def _post_one(call, op):
+    """Posts one checked op (the hot path of small transfers: no batch);
+    returns the Future, whose result is the local tensor."""
+    if op.own is not None or op.nbytes == 0:
+        if op.nbytes:
+            op.copy_locally()
+        return Future(None, op.local)
+    local = _LocalRegions(call.ctx)
+    try:
+        ep = _endpoint(call.ctx, op.remote.owner)
+        mr, off = local.find(op.local)
+        if op.kind == "read":
+            request = ep.read(mr, off, op.remote.desc, op.roff, op.nbytes)
+        elif op.kind == "write":
+            request = ep.write(mr, off, op.remote.desc, op.roff, op.nbytes)
+        else:
+            request = ep.write_imm(mr, off, op.remote.desc, op.roff, op.nbytes, op.imm)
+    except _C.SlimeError as exc:
+        local.close()
+        raise from_core(exc, op.describe()) from None
+    except BaseException:
+        local.close()
+        raise
+    if local.temporary:
+        return Future(request, op.local, what=op.describe, wrap_error=from_core,
+                      keep=local, cleanup=local.close)
+    return Future(request, op.local, what=op.describe, wrap_error=from_core)
+
+
+def _post_many(call, kind, ops, what):
+    """Posts checked ops as one batch and serves those on this process's
+    own regions by copying; returns the Future, whose result is the list
+    of local tensors."""
+    local = _LocalRegions(call.ctx)
+    c_ops, opcode = [], _OPCODES[kind]
+    try:
+        for op in ops:
+            if op.own is not None or op.nbytes == 0:
+                continue
+            ep = _endpoint(call.ctx, op.remote.owner)
+            mr, off = local.find(op.local)
+            c_ops.append((opcode, ep, mr, off, op.remote.desc, op.roff, op.nbytes))
+        request = call.ctx.batch(c_ops) if c_ops else None
+    except _C.SlimeError as exc:
+        local.close()
+        raise from_core(exc, what) from None
+    except BaseException:
+        local.close()
+        raise
+    for op in ops:
+        if op.own is not None and op.nbytes:
+            op.copy_locally()
+    # The request holds the memory regions; the local tensors are held
+    # here so that the future's result is the very tensors given.
+    return Future(request, [op.local for op in ops], what=what, wrap_error=from_core,
+                  keep=local, cleanup=local.close if local.temporary else None)
+
+
+def read(dst, remote, offset=0):
+    """Reads remote elements [offset, offset + dst.numel()) into dst;
+    returns a Future whose result is dst."""
+    call = _Call()
+    return _post_one(call, _Op("read", dst, remote, offset, call))
+
+
+def write(src, remote, offset=0):
+    """Writes src into remote elements [offset, offset + src.numel());
+    returns a Future whose result is src."""
+    call = _Call()
+    return _post_one(call, _Op("write", src, remote, offset, call))
+
+
+def write_with_imm(src, remote, imm, offset=0):
+    """write(), then the 32-bit imm is delivered to the remote region's
+    owner (recv_imm there) once the data is in place."""
+    call = _Call()
+    return _post_one(call, _Op("write_with_imm", src, remote, offset, call, imm=imm))
+
+
+def _peer_of(peer):
+    if isinstance(peer, RemoteTensor):
+        return peer.owner
+    if isinstance(peer, Peer):
+        return peer
+    raise RdmaInvalidError(f"dlslime rdma: recv_imm takes a Peer or a RemoteTensor "
+                           f"of that peer, got {type(peer).__name__}")
+
+
+def recv_imm(peer):
+    """A Future for the next immediate value (an int) that peer sends
+    this process with write_with_imm, in the order sent; one that arrived
+    before the call is kept for it.  peer: a Peer, or a RemoteTensor that
+    peer owns."""
+    peer = _peer_of(peer)
+    ctx = regions.context()
+    what = f"recv_imm from {peer}"
+    if peer.job != regions.this_job():
+        raise RdmaAccessError(f"dlslime rdma: {what}: that peer belongs to another job")
+    if peer.context_id == ctx.id:
+        raise RdmaInvalidError(f"dlslime rdma: {what}: that is this process")
+    ep = _endpoint(ctx, peer)
+    try:
+        request = ep.imm_recv()
+    except _C.SlimeError as exc:
+        raise from_core(exc, what) from None
+    return Future(request, lambda req: req.imm, what=what, wrap_error=from_core)
+
+
+def _unpack(item, kind, index, call):
+    """A batch item, (local, remote, offset) or (local, remote,
+    local_offset, remote_offset, length), as a checked _Op."""
+    label = f"{kind} item {index}: "
+    if not isinstance(item, (tuple, list)) or len(item) not in (3, 5):
+        raise RdmaInvalidError(
+            f"dlslime rdma: {label}expected (local, remote, offset) or (local, "
+            f"remote, local_offset, remote_offset, length), got {item!r:.200}")
+    if len(item) == 3:
+        local, remote, offset = item
+    else:
+        local, remote, loff, offset, length = item
+        if isinstance(local, Region):
+            local.check_registered()
+            local = local.tensor
+        check_tensor(local, f"{label}the local tensor")
+        loff = _as_offset(loff, "local_offset", label)
+        length = _as_offset(length, "length", label)
+        if loff + length > local.numel():
+            raise RdmaAccessError(
+                f"dlslime rdma: {label}local elements [{loff}, {loff + length}) "
+                f"are outside the local tensor of {local.numel()} elements")
+        local = local.reshape(-1)[loff:loff + length]
+    return _Op(kind, local, remote, offset, call, label=label)
+
+
+def _batch(kind, items):
+    call = _Call()
+    ops = [_unpack(item, kind, i, call) for i, item in enumerate(items)]
+    total = sum(op.nbytes for op in ops)
+    return _post_many(call, kind, ops, f"{kind} of {len(ops)} items ({total} bytes)")
+
+
+def batch_read(items):
+    """Many reads in one call, one Future for all (its result: the list of
+    local tensors).  Each item is (local, remote, offset) or (local,
+    remote, local_offset, remote_offset, length), all in elements.  Every
+    item is checked before any is posted."""
+    return _batch("read", items)
+
+
+def batch_write(items):
+    """Many writes in one call; items as for batch_read."""
+    return _batch("write", items)
