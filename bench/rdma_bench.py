@@ -26,6 +26,10 @@ x memcpy: over memcpy's).  The issue's targets are reported, not asserted.
     python bench/rdma_bench.py --quick
     python bench/rdma_bench.py                          # 8 B .. 256 MiB, shm
     python bench/rdma_bench.py --transport tcp --max-size 64MiB
+
+--memory both (the default on shm) runs everything twice: with ordinary
+tensors (CMA) and with rdma.zeros tensors, which the peer maps (memcpy);
+the table labels the second "shm+shared".
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ METHODS = ("read", "write", "read_b64", "write_b64", "send_recv", "memcpy")
 ONE_SIDED = ("read", "write", "read_b64", "write_b64")
 BATCH = 64
 QUICK_SIZES = (8, 4096, 65536, 1 * MiB, 16 * MiB, 64 * MiB)
-CSV_COLUMNS = ("transport", "method", "bytes", "iters", "avg_us", "p50_us", "gbps",
+CSV_COLUMNS = ("transport", "memory", "method", "bytes", "iters", "avg_us", "p50_us", "gbps",
                "x_send_recv", "x_memcpy", "status")
 WAIT_S = 120
 
@@ -82,7 +86,9 @@ class Rank:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
         self.slime = dist.new_group(backend="dlslime", timeout=timeout)
         top = max(cfg["sizes"])
-        self.buf = torch.zeros(top, dtype=torch.uint8)        # registered, both ranks
+        # registered, both ranks; "shared": in blocks shm peers map (memcpy)
+        alloc = rdma.zeros if cfg["memory"] == "shared" else torch.zeros
+        self.buf = alloc(top, dtype=torch.uint8)
         self.win = rdma.register_window(self.buf)             # over the Gloo group
         self.remote = self.win[self.peer]
         if rank == 0:
@@ -342,7 +348,7 @@ def report_targets(rows):
         print(f"\ntarget [{transport}] read/write >= send/recv at every size: "
               + ("met" if not slow and mine else "NOT met at " + ", ".join(
                   f"{r['method']} {human(r['bytes'])} ({r['x_send_recv']:.2f}x)" for r in slow)))
-        if transport in ("shm", "auto"):
+        if transport.split("+")[0] in ("shm", "auto"):
             big = [r for r in mine if r["bytes"] >= 16 * MiB and r["x_memcpy"] is not None]
             low = [r for r in big if r["x_memcpy"] < 0.6]
             print(f"target [{transport}] read/write >= 0.6 x memcpy from 16 MiB: "
@@ -360,6 +366,9 @@ def main():
     ap.add_argument("--time", type=float, default=0.6, help="timed seconds per method and size")
     ap.add_argument("--rounds", type=int, default=3, help="timed slices per method and size")
     ap.add_argument("--max-iters", type=int, default=20000)
+    ap.add_argument("--memory", default="both", choices=("heap", "shared", "both"),
+                    help="the registered buffers: ordinary tensors (heap), rdma.zeros "
+                         "tensors that shm peers map (shared), or one run of each")
     ap.add_argument("--quick", action="store_true", help="6 sizes, shorter slices")
     ap.add_argument("--csv", default=str(REPO / "bench" / "results" / "rdma_bench.csv"))
     args = ap.parse_args()
@@ -374,17 +383,24 @@ def main():
     if bad:
         ap.error(f"unknown methods {bad}; choose from {METHODS}")
     transports = ("shm", "tcp") if args.transport == "all" else (args.transport,)
+    memories = ("heap", "shared") if args.memory == "both" else (args.memory,)
     rows, failed = [], False
     for transport in transports:
-        cfg = {"transport": transport, "sizes": sizes, "methods": methods,
-               "time": args.time / (3 if args.quick else 1), "rounds": args.rounds,
-               "max_iters": args.max_iters}
-        print(f"[{transport}] {len(sizes)} sizes x {len(methods)} methods ...", file=sys.stderr)
-        got, errors = run_pair(cfg, deadline_s=3600)
-        for e in errors:
-            print(e, file=sys.stderr)
-        failed |= bool(errors) or any(r["status"] != "ok" for r in got)
-        rows += got
+        for memory in memories:
+            if memory == "shared" and transport == "tcp":
+                continue    # ordinary memory there: nothing to compare
+            cfg = {"transport": transport, "sizes": sizes, "methods": methods,
+                   "time": args.time / (3 if args.quick else 1), "rounds": args.rounds,
+                   "max_iters": args.max_iters, "memory": memory}
+            label = transport if memory == "heap" else f"{transport}+shared"
+            print(f"[{label}] {len(sizes)} sizes x {len(methods)} methods ...", file=sys.stderr)
+            got, errors = run_pair(cfg, deadline_s=3600)
+            for e in errors:
+                print(e, file=sys.stderr)
+            failed |= bool(errors) or any(r["status"] != "ok" for r in got)
+            for r in got:    # grouped by label in the table and the ratios
+                r["transport"], r["memory"] = label, memory
+            rows += got
     add_ratios(rows)
     print_table(rows, methods)
     report_targets(rows)

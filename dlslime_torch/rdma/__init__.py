@@ -34,6 +34,10 @@ remote_offset, length) counts all three in elements too, local_offset in
 the local tensor taken as flat.  A zero-element read or write completes
 at once.
 
+Fast memory: rdma.zeros(shape, dtype=...) allocates a tensor in a block
+shm peers map, so reads and writes of it from the same host are memcpy,
+with no system call per op (dlslime_torch.rdma.memory).
+
 Tensors: CPU, contiguous (a slice along the first dimension of a
 contiguous tensor is contiguous).  A local tensor lying inside a Region
 of this process uses it; any other is registered for the one call (cheap
@@ -53,6 +57,7 @@ wait runs out, the operation still pending.
 from ..futures import DEFAULT_TIMEOUT_S, Future, wait_all
 from .errors import (RdmaAccessError, RdmaCanceledError, RdmaError,
                      RdmaInvalidError, RdmaPeerLostError, RdmaTimeoutError)
+from .memory import zeros
 from .ops import batch_read, batch_write, read, recv_imm, write, write_with_imm
 from .region import Peer, Region, RemoteTensor, local_peer, register
 from .window import Window, ensure_context, register_window
@@ -64,7 +69,7 @@ __all__ = [
     "RemoteTensor", "Window", "batch_read", "batch_read_sync", "batch_write",
     "batch_write_sync", "ensure_context", "local_peer", "read", "read_sync",
     "recv_imm", "recv_imm_sync", "register", "register_window", "wait_all",
-    "write", "write_sync", "write_with_imm", "write_with_imm_sync",
+    "write", "write_sync", "write_with_imm", "write_with_imm_sync", "zeros",
 ]
 
 

@@ -146,6 +146,36 @@ def large_transfers(env, rdma, expect):
 
 
 @case
+def shared_memory_tensors(env, rdma, expect):
+    """A window over rdma.zeros tensors (blocks peers map; memcpy on shm):
+    the same bytes as ordinary memory, large and small, both directions,
+    and the process really maps its shm peer's block."""
+    n = (5 << 20) + 3
+    mine = rdma.zeros(n, dtype=torch.float16)
+    assert not mine.any()
+    mine.copy_(data(("shared", env.rank), (n,), torch.float16))
+    win = rdma.register_window(mine, group=env.gloo)
+    got = torch.empty(n - 11, dtype=torch.float16)
+    rdma.read(got, win[env.next], offset=11).wait(TIMEOUT)
+    same_bytes(got, data(("shared", env.next), (n,), torch.float16)[11:], "read of a shared tensor")
+    small = torch.empty(3, dtype=torch.float16)
+    rdma.read(small, win[env.next], offset=n - 3).wait(TIMEOUT)
+    same_bytes(small, data(("shared", env.next), (n,), torch.float16)[-3:], "small read")
+    env.sync()
+    rdma.write(data(("sharedw", env.rank), (n - 5,), torch.float16), win[env.next], 5).wait(TIMEOUT)
+    env.sync()
+    want = data(("shared", env.rank), (n,), torch.float16)
+    want[5:] = data(("sharedw", env.prev), (n - 5,), torch.float16)
+    same_bytes(win.tensor, want, "shared tensor after a write")
+    if expect == "shm":
+        with open("/proc/self/maps") as maps:
+            mapped = sum("memfd:dlslime-mem" in line for line in maps)
+        assert mapped >= 2, f"own block plus the peer's mapped, found {mapped}"
+    env.sync()
+    win.free()
+
+
+@case
 def write_with_imm_says_done(env, rdma, expect):
     win = rdma.register_window(torch.zeros(4096, dtype=torch.int32), group=env.gloo)
     first = win.recv_imm(env.prev)                   # posted before the write
