@@ -458,7 +458,7 @@ static void call_dealloc(RpcCallObject *self)
     if (self->rbuf)
         self->rbuf->ptr = NULL;
     Py_XDECREF(self->rbuf);
-    free(self->mem);
+    slime_rpc_mem_free(self->mem);
     Py_XDECREF(self->server);
     PyObject_Free(self);
 }

@@ -22,8 +22,8 @@ static inline bool rreq_final(const slime_rpc_req_t *r) {
 static uint64_t reply_tag(const slime_rpc_client_t *cli) { return rpc_tag(RPC_TAG_REPLY, cli->cid); }
 
 static void rreq_destroy(slime_rpc_req_t *r) {
-    free(r->result_mem);
-    free(r->stage);
+    slime_rpc_mem_free(r->result_mem);
+    slime_rpc_mem_free(r->stage);
     free(r->error);
     free(r);
 }
@@ -31,7 +31,7 @@ static void rreq_destroy(slime_rpc_req_t *r) {
 /* Under cli->mu: hands a transfer and its buffer to the orphans. */
 static void drop_sub(slime_rpc_client_t *cli, slime_req_t **req, void *buf) {
     if (*req) rpc_orphan_add(&cli->orphans, *req, buf);
-    else free(buf);
+    else slime_rpc_mem_free(buf);
     *req = NULL;
 }
 
@@ -87,7 +87,7 @@ static void issue_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r) {
     cli->table[r->idx] = r;
     r->id = (uint64_t)++cli->gen << REQ_IDX_BITS | r->idx;
     bool inline_ = RPC_HDR + r->len <= cli->req_inline;
-    r->stage = malloc(RPC_HDR + (inline_ ? r->len : 0));
+    r->stage = rpc_mem_alloc(RPC_HDR + (inline_ ? r->len : 0));
     if (!r->stage) {
         cli->table[r->idx] = NULL;
         cli->free_idx[cli->n_free++] = r->idx;
@@ -138,7 +138,7 @@ static void settle_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r) {
         slime_req_free(r->bulk_recv_req);
         r->bulk_recv_req = NULL;
         if (st != SLIME_OK) {
-            free(r->result_mem);
+            slime_rpc_mem_free(r->result_mem);
             r->result_mem = NULL;
             r->result = NULL;
             r->result_len = 0;
@@ -168,7 +168,7 @@ static void on_reply_locked(slime_rpc_client_t *cli, const rpc_hdr_t *h, const u
         uint64_t tag = rpc_bulk_tag(RPC_TAG_BULK_REPLY, cli->cid, h->req_id);
         /* abandoned: a zero-byte receive takes the message and drops it */
         size_t cap = r->abandoned ? 0 : h->len;
-        r->result_mem = cap ? malloc(cap) : NULL;
+        r->result_mem = cap ? rpc_mem_alloc(cap) : NULL;
         if (cap && !r->result_mem) cap = 0; /* dropped too; the request fails below */
         slime_status_t st = slime_recv(cli->ep, r->result_mem, cap, tag, &r->bulk_recv_req);
         if (st != SLIME_OK) {
@@ -178,7 +178,7 @@ static void on_reply_locked(slime_rpc_client_t *cli, const rpc_hdr_t *h, const u
         r->result = r->result_mem;
         r->result_len = cap;
     } else if (!r->abandoned) {
-        r->result_mem = malloc(h->len ? h->len : 1);
+        r->result_mem = rpc_mem_alloc(h->len);
         if (!r->result_mem) {
             rreq_finish_locked(cli, r, SLIME_ERR_NOMEM, "rpc: out of memory for the reply");
             return;
@@ -225,7 +225,7 @@ static void drain_locked(slime_rpc_client_t *cli) {
 static slime_status_t hello(slime_rpc_client_t *cli, int64_t timeout_ms) {
     uint64_t deadline = deadline_after_ms(timeout_ms);
     uint64_t nonce = random_u64() | 1;
-    rpc_hdr_t *h = malloc(RPC_HDR);
+    rpc_hdr_t *h = rpc_mem_alloc(RPC_HDR);
     if (!h) return slime_errorf(SLIME_ERR_NOMEM, "rpc_client_create: out of memory");
     rpc_hdr_fill(h, RPC_HELLO, cli->cid);
     h->credits = cli->credits;
@@ -235,7 +235,7 @@ static slime_status_t hello(slime_rpc_client_t *cli, int64_t timeout_ms) {
     slime_req_t *send = NULL;
     slime_status_t st = slime_send(cli->ep, h, RPC_HDR, rpc_tag(RPC_TAG_REQ, cli->port), &send);
     if (st != SLIME_OK) {
-        free(h);
+        slime_rpc_mem_free(h);
         return st;
     }
     rpc_orphan_add(&cli->orphans, send, h); /* reaped when sent */

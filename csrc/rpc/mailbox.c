@@ -62,7 +62,7 @@ const rpc_hdr_t *rpc_slot_header(rpc_slot_t *slot, char *why, size_t whylen) {
 void rpc_orphan_add(slime_list_t *list, slime_req_t *req, void *buf) {
     if (!req || slime_req_test(req) != SLIME_INPROGRESS) {
         slime_req_free(req);
-        free(buf);
+        slime_rpc_mem_free(buf);
         return;
     }
     rpc_orphan_t *o = malloc(sizeof *o);
@@ -86,7 +86,7 @@ void rpc_orphans_reap(slime_list_t *list, bool all) {
         if (!done) done = slime_req_cancel(o->req) == SLIME_OK; /* a receive not matched yet */
         list_del(&o->link);
         slime_req_free(o->req); /* detaches a pending send */
-        if (done) free(o->buf);
+        if (done) slime_rpc_mem_free(o->buf);
         free(o);
     }
 }

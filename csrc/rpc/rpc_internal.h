@@ -84,6 +84,10 @@ slime_status_t rpc_slot_post(slime_ctx_t *ctx, slime_ep_t *ep, rpc_slot_t *slot,
                              uint64_t tag);
 /* Frees a slot: a pending receive is canceled first. */
 void rpc_slot_free(rpc_slot_t *slot);
+
+/* payload_pool.c: memory for payloads; large buffers are reused, not
+ * faulted in afresh for every call.  Free with slime_rpc_mem_free. */
+void *rpc_mem_alloc(size_t len);
 /* The header of a completed slot, or NULL (with a detail in why) if the
  * message is no RPC header.  The version is the caller's to check (a
  * hello of another version deserves an answer that says so). */

@@ -122,9 +122,9 @@ static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const r
 }
 
 static void call_free(slime_rpc_call_t *call) {
-    free(call->owned);
-    free(call->reply_stage);
-    free(call->reply_bulk);
+    slime_rpc_mem_free(call->owned);
+    slime_rpc_mem_free(call->reply_stage);
+    slime_rpc_mem_free(call->reply_bulk);
     free(call);
 }
 
@@ -193,7 +193,7 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     }
     /* the payload follows by bulk: its slot can go back at once */
     uint64_t tag = rpc_bulk_tag(RPC_TAG_BULK_REQ, h->cid, h->req_id);
-    call->owned = malloc(call->len ? call->len : 1);
+    call->owned = rpc_mem_alloc(call->len);
     slot_repost_locked(srv, slot);
     if (!call->owned || slime_recv(ep, call->owned, call->len, tag, &call->bulk_req) != SLIME_OK) {
         send_error_locked(srv, ep, call->cid, call->req_id, "the server cannot take a %zu-byte payload", call->len);
@@ -427,10 +427,10 @@ slime_status_t slime_rpc_call_reply_buffer(slime_rpc_call_t *call, size_t cap, v
     if (call->reply_stage || call->reply_bulk)
         return slime_errorf(SLIME_ERR_INVAL, "rpc_call_reply_buffer: the call has a reply buffer already");
     if (RPC_HDR + cap <= call->reply_inline) {
-        call->reply_stage = malloc(RPC_HDR + cap);
+        call->reply_stage = rpc_mem_alloc(RPC_HDR + cap);
         if (call->reply_stage) *buf = call->reply_stage + RPC_HDR;
     } else {
-        call->reply_bulk = malloc(cap ? cap : 1);
+        call->reply_bulk = rpc_mem_alloc(cap);
         *buf = call->reply_bulk;
     }
     call->reply_cap = cap;
@@ -516,7 +516,7 @@ out:
     slime_req_free(reqs[0]);
     slime_req_free(reqs[1]);
     free(stage);
-    free(bulk_owned);
+    slime_rpc_mem_free(bulk_owned);
     call_free(call);
     pthread_mutex_lock(&srv->mu);
     bool last = srv_unref_locked(srv);

@@ -175,7 +175,7 @@ static void case_many(h_rank_t *r)
         H_CHECK_OK(slime_rpc_req_detach(reqs[i], &mem));
         slime_rpc_req_free(reqs[i]);
         H_CHECK(((uint8_t *)mem)[0] == back[0]); /* still ours after free */
-        free(mem);
+        slime_rpc_mem_free(mem);
         free(msgs[i]);
     }
     const size_t big = 256u << 20;

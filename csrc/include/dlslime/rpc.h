@@ -113,8 +113,8 @@ SLIME_API uint64_t slime_rpc_call_method(const slime_rpc_call_t *call);
 SLIME_API const void *slime_rpc_call_data(const slime_rpc_call_t *call, size_t *len);
 /* The endpoint the call came from. */
 SLIME_API slime_ep_t *slime_rpc_call_ep(const slime_rpc_call_t *call);
-/* Gives the memory holding the payload to the caller (*mem, free() it
- * when done), so the payload outlives the call; the server takes a new
+/* Gives the memory holding the payload to the caller (*mem, release it
+ * with slime_rpc_mem_free when done), so the payload outlives the call; the server takes a new
  * slot buffer.  slime_rpc_call_data keeps pointing into *mem. */
 SLIME_API slime_status_t slime_rpc_call_detach(slime_rpc_call_t *call, void **mem);
 
@@ -178,9 +178,14 @@ SLIME_API slime_status_t slime_rpc_req_wait(slime_rpc_req_t *req, int64_t timeou
 SLIME_API bool slime_rpc_req_remote_error(const slime_rpc_req_t *req);
 /* The reply payload of a completed request (NULL with *len 0 if none). */
 SLIME_API const void *slime_rpc_req_data(const slime_rpc_req_t *req, size_t *len);
-/* Gives the reply's memory to the caller (free() it), as
+/* Gives the reply's memory to the caller (slime_rpc_mem_free it), as
  * slime_rpc_call_detach. */
 SLIME_API slime_status_t slime_rpc_req_detach(slime_rpc_req_t *req, void **mem);
+
+/* Releases memory from slime_rpc_call_detach or slime_rpc_req_detach
+ * (NULL: nothing).  Large payload buffers go back to a pool for the next
+ * calls (DLSLIME_RPC_POOL_MB of idle ones at most, 256 by default). */
+SLIME_API void slime_rpc_mem_free(void *mem);
 /* Detail of a failed request ("" otherwise). */
 SLIME_API const char *slime_rpc_req_error(const slime_rpc_req_t *req);
 /* Whether the request's payload has been sent in full (buf no longer

@@ -1,0 +1,102 @@
+/* Memory of large RPC payloads, kept for reuse.
+ *
+ * Why: malloc hands out large blocks as fresh mappings and unmaps them on
+ * free, so every large call paid for faulting in its buffers (about a
+ * microsecond per 4 KiB page: more than moving the bytes on shm).  A
+ * payload of POOL_MIN bytes or more comes from here and goes back here
+ * when freed; a few idle buffers (DLSLIME_RPC_POOL_MB, 256 MiB by
+ * default) stay faulted in for the next call.  slime_rpc_mem_free takes
+ * any pointer the RPC layer handed out, pooled or not. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "rpc/rpc_internal.h"
+
+#define POOL_MIN (256u << 10)
+#define POOL_ROUND (64u << 10)
+#define POOL_IDLE_MAX 8
+
+typedef struct pooled {
+    void *p;
+    size_t cap;
+} pooled_t;
+
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pooled_t *lent;               /* handed out, not yet freed */
+static size_t n_lent, cap_lent;
+static pooled_t idle[POOL_IDLE_MAX]; /* oldest first */
+static size_t n_idle, idle_bytes;
+static size_t idle_max;              /* bytes; read once */
+
+/* Under pool_mu: records p as handed out; false when out of memory. */
+static bool lend_locked(void *p, size_t cap) {
+    if (n_lent == cap_lent) {
+        size_t cap_new = cap_lent ? 2 * cap_lent : 16;
+        pooled_t *n = realloc(lent, cap_new * sizeof *n);
+        if (!n) return false;
+        lent = n;
+        cap_lent = cap_new;
+    }
+    lent[n_lent++] = (pooled_t){p, cap};
+    return true;
+}
+
+void *rpc_mem_alloc(size_t len) {
+    if (len < POOL_MIN) return malloc(len ? len : 1);
+    pthread_mutex_lock(&pool_mu);
+    if (!idle_max) idle_max = env_size("DLSLIME_RPC_POOL_MB", 256) << 20;
+    size_t best = n_idle;
+    for (size_t i = 0; i < n_idle; i++) /* the smallest that fits, if not twice too large */
+        if (idle[i].cap >= len && idle[i].cap / 2 <= len && (best == n_idle || idle[i].cap < idle[best].cap))
+            best = i;
+    if (best < n_idle && lend_locked(idle[best].p, idle[best].cap)) {
+        void *p = idle[best].p;
+        idle_bytes -= idle[best].cap;
+        for (size_t i = best + 1; i < n_idle; i++) idle[i - 1] = idle[i];
+        n_idle--;
+        pthread_mutex_unlock(&pool_mu);
+        return p;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    size_t cap = len > SIZE_MAX - POOL_ROUND ? len : (len + POOL_ROUND - 1) / POOL_ROUND * POOL_ROUND;
+    void *p = malloc(cap);
+    if (!p) return NULL;
+    pthread_mutex_lock(&pool_mu);
+    bool ok = lend_locked(p, cap);
+    pthread_mutex_unlock(&pool_mu);
+    if (!ok) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void slime_rpc_mem_free(void *p) {
+    if (!p) return;
+    pthread_mutex_lock(&pool_mu);
+    size_t i = 0;
+    while (i < n_lent && lent[i].p != p) i++;
+    if (i == n_lent) { /* a small payload: plain malloc */
+        pthread_mutex_unlock(&pool_mu);
+        free(p);
+        return;
+    }
+    pooled_t b = lent[i];
+    lent[i] = lent[--n_lent];
+    void *evicted[POOL_IDLE_MAX + 1];
+    size_t n_evicted = 0;
+    if (b.cap > idle_max) {
+        evicted[n_evicted++] = b.p;
+    } else {
+        while (n_idle && (n_idle == POOL_IDLE_MAX || idle_bytes + b.cap > idle_max)) {
+            evicted[n_evicted++] = idle[0].p;
+            idle_bytes -= idle[0].cap;
+            for (size_t k = 1; k < n_idle; k++) idle[k - 1] = idle[k];
+            n_idle--;
+        }
+        idle[n_idle++] = b;
+        idle_bytes += b.cap;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    for (size_t k = 0; k < n_evicted; k++) free(evicted[k]);
+}
