@@ -197,7 +197,14 @@ void *progress_thread_main(void *arg) {
         pthread_mutex_unlock(&ctx->lock);
         if (due) run_callbacks(ctx);
         if (did || due) { idle_since = now_ns(); continue; }
-        if (atomic_load(&ctx->spinners) == 0 && now_ns() - idle_since < PT_SPIN_NS) { cpu_relax(); continue; }
+        /* spin a moment, and all through a grace: peers send no doorbells
+         * then, so a nap would leave what they send waiting for its end */
+        uint64_t t = now_ns();
+        if (atomic_load(&ctx->spinners) == 0 &&
+            (t - idle_since < PT_SPIN_NS || t <= atomic_load(&ctx->mr_table->grace_until))) {
+            cpu_relax();
+            continue;
+        }
         atomic_fetch_sub(&ctx->mr_table->polling, 1);
         atomic_store(&ctx->pt_asleep, true); /* before the look, see ctx_post_work */
         atomic_store(&ctx->pt_long_sleep, true);
