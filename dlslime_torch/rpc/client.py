@@ -20,18 +20,23 @@ class Future:
     (RemoteRpcError, RpcTimeoutError, RpcError); `await future` works in
     asyncio (the wait runs in the loop's default executor)."""
 
-    __slots__ = ("_req", "_kind", "_timeout", "_done", "_result", "_error", "__weakref__")
+    __slots__ = ("_req", "_kind", "_timeout", "_done", "_result", "_error", "_scratch",
+                 "__weakref__")
 
-    def __init__(self, req, kind, timeout):
+    def __init__(self, req, kind, timeout, scratch=None):
         self._req = req
         self._kind = kind
         self._timeout = timeout
         self._done = False
         self._result = None
         self._error = None
+        self._scratch = scratch   # the request's buffer, reused once it has left
 
     def _finish(self, remote_error):
         req = self._req
+        if self._scratch is not None:   # a reply came: the request has left
+            codec.scratch_put(self._scratch)
+            self._scratch = None
         if remote_error:
             self._error = decode_remote(memoryview(req))
         elif self._kind == KIND_DEFAULT:
@@ -98,8 +103,9 @@ class _Method:
 
     def __call__(self, *args, **kwargs):
         p = self._proxy
+        scratch = None
         if self._kind == KIND_DEFAULT:
-            payload = codec.Encoded((args, kwargs)).to_bytearray()
+            scratch, payload = codec.Encoded((args, kwargs)).to_scratch()
         else:
             if len(args) != 1 or kwargs:
                 raise TypeError(f"{self.__name__} is a raw method: call it with one bytes-like argument")
@@ -113,7 +119,7 @@ class _Method:
             raise RpcError(f"rpc: the server is gone: {exc}") from exc
         except _C.SlimeError as exc:
             raise RpcError(f"rpc call failed: {exc}") from exc
-        return Future(req, self._kind, p.timeout)
+        return Future(req, self._kind, p.timeout, scratch)
 
 
 class Proxy:

@@ -15,6 +15,7 @@ import io
 import pickle
 import struct
 import sys
+import threading
 
 MAGIC = b"SRP1"
 _HEAD = struct.Struct("<4sIQ")
@@ -98,10 +99,47 @@ class Encoded:
                     dst.copy_(t.reshape(-1).view(torch.uint8))
         mv.release()
 
-    def to_bytearray(self):
-        out = bytearray(self.nbytes)
-        self.write_into(out)
-        return out
+    def to_scratch(self):
+        """(buffer, view of its first nbytes) with the message written in;
+        give the buffer back with scratch_put once the message has left."""
+        buf = _scratch.take(self.nbytes)
+        view = memoryview(buf)[:self.nbytes]
+        self.write_into(view)
+        return buf, view
+
+
+class _ScratchPool:
+    """Large message buffers kept for reuse.  A fresh bytearray of many MiB
+    is fresh memory: the writes into it fault in one page per 4 KiB every
+    call, which costs more than moving the bytes over shm."""
+
+    MIN = 256 << 10
+    IDLE_MAX = 4
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle = []
+
+    def take(self, nbytes):
+        if nbytes >= self.MIN:
+            with self._lock:   # the smallest that fits, if not twice too large
+                fits = [b for b in self._idle if nbytes <= len(b) <= 2 * nbytes]
+                if fits:
+                    best = min(fits, key=len)
+                    self._idle.remove(best)
+                    return best
+        return bytearray(nbytes)
+
+    def put(self, buf):
+        if len(buf) >= self.MIN:
+            with self._lock:
+                if len(self._idle) == self.IDLE_MAX:
+                    self._idle.pop(0)
+                self._idle.append(buf)
+
+
+_scratch = _ScratchPool()
+scratch_put = _scratch.put
 
 
 def decode(view):
