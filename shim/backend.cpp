@@ -173,8 +173,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::post(WorkSpec spec,
     if (st != SLIME_OK)
       throw_last_error(what, st);
   }
-  // Outside the lock: the callback may run right here if req is done.
-  WorkDlslime::arm(work, req);
+  work->arm(req);
   return work;
 }
 
