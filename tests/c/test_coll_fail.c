@@ -116,6 +116,13 @@ static void bad_args(h_rank_t *r)
     self_only[me] = 4;
     REFUSED(SLIME_ERR_INVAL, slime_alltoallv(comm, buf, self_only, z, dst, z, z, &q_));
     H_CHECK(strstr(slime_last_error(), "itself") != NULL);
+    const void *srcs[H_MAX_RANKS] = {0};
+    void *dsts[H_MAX_RANKS] = {0};
+    REFUSED(SLIME_ERR_INVAL, slime_alltoallv_ptrs(comm, NULL, z, dsts, z, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_alltoallv_ptrs(comm, srcs, z, dsts, NULL, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_alltoallv_ptrs(comm, srcs, four, dsts, z, &q_));
+    H_CHECK(strstr(slime_last_error(), "NULL src") != NULL);
+    REFUSED(SLIME_ERR_INVAL, slime_alltoallv_ptrs(NULL, srcs, z, dsts, z, &q_));
     REFUSED(SLIME_ERR_INVAL, slime_barrier(NULL, &q_));
     H_CHECK_STATUS(slime_barrier(comm, NULL), SLIME_ERR_INVAL);
 

@@ -151,6 +151,22 @@ static void alltoallv(h_rank_t *r)
         /* the gaps were not written */
         for (int p = 0; p < n; p++)
             H_CHECK_BYTES(dst + ro[p] - 3, 3, 0xee);
+        /* the same with a buffer of its own per peer */
+        const void *srcs[H_MAX_RANKS];
+        void *dsts[H_MAX_RANKS];
+        uint8_t *own[H_MAX_RANKS];
+        for (int p = 0; p < n; p++) {
+            own[p] = h_alloc(rb[p] + 1);
+            memset(own[p], 0xee, rb[p] + 1);
+            srcs[p] = sb[p] ? src + so[p] : NULL;
+            dsts[p] = rb[p] ? own[p] : NULL;
+        }
+        T_RUN(slime_alltoallv_ptrs(comm, srcs, sb, dsts, rb, &q_));
+        for (int p = 0; p < n; p++) {
+            H_CHECK_PATTERN(own[p], rb[p], seed_of(p, 10 + r->rank), (size_t)k);
+            H_CHECK_BYTES(own[p] + rb[p], 1, 0xee);
+            free(own[p]);
+        }
         free(src);
         free(dst);
     }

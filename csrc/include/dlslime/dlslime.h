@@ -503,6 +503,17 @@ SLIME_API slime_status_t slime_alltoallv(slime_comm_t *comm, const void *src,
                                          const size_t *recv_bytes,
                                          const size_t *recv_offs,
                                          slime_req_t **out);
+/* As slime_alltoallv, with a buffer of its own per peer: sends
+ * send_bytes[p] bytes at srcs[p] to rank p and receives recv_bytes[p]
+ * bytes from p into dsts[p] (NULL allowed where the count is 0; this
+ * rank's own block may be in place, srcs[rank] == dsts[rank]).  The
+ * arrays are copied. */
+SLIME_API slime_status_t slime_alltoallv_ptrs(slime_comm_t *comm,
+                                              const void *const *srcs,
+                                              const size_t *send_bytes,
+                                              void *const *dsts,
+                                              const size_t *recv_bytes,
+                                              slime_req_t **out);
 /* Completes when every rank has posted it. */
 SLIME_API slime_status_t slime_barrier(slime_comm_t *comm, slime_req_t **out);
 
