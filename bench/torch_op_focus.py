@@ -80,11 +80,11 @@ def worker(rank, world, port, args, q):
         iters = {}
         for b in BACKENDS:
             runs[b]()
+            # a fixed count: every rank must post the same collectives
+            k = 3
             t0 = time.perf_counter()
-            k = 0
-            while time.perf_counter() - t0 < 0.05 or k < 2:
+            for _ in range(k):
                 runs[b]()
-                k += 1
             per = (time.perf_counter() - t0) / k
             iters[b] = max(2, min(20000, int(args.slice / per)))
         t = torch.tensor([float(iters[b]) for b in BACKENDS])
