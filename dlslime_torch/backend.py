@@ -11,7 +11,9 @@ group's own store prefix; see _incarnation):
    context has it;
 2. addresses: each rank publishes its context's address blob, together
    with whether the group's comm id is free in that process, so every
-   rank sees a comm id collision and refuses the group with one message;
+   rank sees a comm id collision and refuses the group with one message,
+   and the epoch of the last group that used the comm id in that process,
+   from which every rank picks the same new epoch (_epoch_after);
 3. endpoints: Context.connect to every other rank (symmetric; an existing
    connection is reused);
 4. the C++ backend (dlslime_torch._shim) makes the group's communicator
@@ -72,6 +74,22 @@ def comm_id_of(group_name):
     return 0xFFFE if comm_id == 0xFFFF else comm_id
 
 
+def _epoch_after(lasts):
+    """The new group's epoch, from each member's last epoch of the comm id.
+
+    The core tells communicators with one comm id apart by the low 8 bits
+    of the epoch: a message an old group left in flight never matches the
+    new group's receives if those bits differ from the old group's on the
+    receiving rank.  So: the first count above every member's last one
+    whose low byte is none of theirs.
+    """
+    epoch = max(lasts) + 1
+    used = {last & 0xFF for last in lasts}
+    while (epoch & 0xFF) in used and len(used) < 256:
+        epoch += 1
+    return epoch
+
+
 def _job_token():
     existing = runtime.token()
     if existing is not None:
@@ -125,7 +143,11 @@ def _create_backend(dist_opts, backend_options):
     # 2. addresses, and whether the comm id is free everywhere
     comm_id = comm_id_of(group)
     owner = shim.comm_id_owner(comm_id)
-    record = b"C" + owner.encode() if owner else b"A" + ctx.address()
+    if owner:
+        record = b"C" + owner.encode()
+    else:
+        last = shim.comm_id_last_epoch(comm_id)
+        record = b"A" + last.to_bytes(8, "little") + ctx.address()
     store.set(prefix + f"rank/{rank}", record)
     records = [record if r == rank else store.get(prefix + f"rank/{r}")
                for r in range(size)]
@@ -137,14 +159,16 @@ def _create_backend(dist_opts, backend_options):
             f"which is already in use on {where}; destroy that group first "
             f"or give this one another name")
 
+    epoch = _epoch_after([int.from_bytes(rec[1:9], "little") for rec in records])
+
     # 3. one endpoint per peer
     peers = [0] * size
     for r in range(size):
         if r != rank:
-            peers[r] = runtime.connect(records[r][1:], timeout_ms).handle
+            peers[r] = runtime.connect(records[r][9:], timeout_ms).handle
 
     # 4. the communicator
-    pg = shim.BackendDlslime(rank, size, ctx.handle, peers, comm_id,
+    pg = shim.BackendDlslime(rank, size, ctx.handle, peers, comm_id, epoch,
                              timeout_ms, group)
 
     # 5. no rank returns before every rank has its communicator, so a

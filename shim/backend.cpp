@@ -30,11 +30,18 @@ std::map<uint32_t, BackendDlslime*>& registry() {
   return live;
 }
 
+// comm id -> the epoch of the last communicator made with it; guarded
+// by the registry's mutex.
+std::map<uint32_t, uint64_t>& last_epochs() {
+  static std::map<uint32_t, uint64_t> last;
+  return last;
+}
+
 } // namespace
 
 BackendDlslime::BackendDlslime(int rank, int size, slime_ctx_t* ctx,
                                std::vector<slime_ep_t*> peers,
-                               uint32_t comm_id,
+                               uint32_t comm_id, uint64_t epoch,
                                std::chrono::milliseconds timeout,
                                std::string group_name)
     : c10d::Backend(rank, size),
@@ -58,13 +65,17 @@ BackendDlslime::BackendDlslime(int rank, int size, slime_ctx_t* ctx,
               "' is already used by the live process group '",
               taken == registry().end() ? "" : taken->second->group_name(),
               "' in this process");
-  slime_status_t st = slime_comm_create(ctx, comm_id, rank, size,
-                                        peers.data(), timeout.count(),
-                                        &comm_);
+  TORCH_CHECK(epoch > last_epochs()[comm_id], "dlslime: process group '",
+              group_name_, "': epoch ", epoch, " of comm id ", comm_id,
+              " is not above the last one, ", last_epochs()[comm_id]);
+  slime_status_t st = slime_comm_create(
+      ctx, comm_id, static_cast<uint32_t>(epoch & 0xff), rank, size,
+      peers.data(), timeout.count(), &comm_);
   if (st != SLIME_OK)
     throw_last_error("creating the communicator of process group '" +
                      group_name_ + "'", st);
   registry()[comm_id] = this;
+  last_epochs()[comm_id] = epoch;
   init();
 }
 
@@ -76,6 +87,12 @@ std::string BackendDlslime::comm_id_owner(uint32_t comm_id) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto it = registry().find(comm_id);
   return it == registry().end() ? std::string() : it->second->group_name();
+}
+
+uint64_t BackendDlslime::comm_id_last_epoch(uint32_t comm_id) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = last_epochs().find(comm_id);
+  return it == last_epochs().end() ? 0 : it->second;
 }
 
 void BackendDlslime::shutdown_all() {
@@ -156,8 +173,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::post(WorkSpec spec,
     if (st != SLIME_OK)
       throw_last_error(what, st);
   }
-  // Outside the lock: the callback may run right here if req is done.
-  WorkDlslime::arm(work, req);
+  work->arm(req);
   return work;
 }
 

@@ -24,21 +24,32 @@
 
 namespace dlslime_shim {
 
+// The communicator's point-to-point tags have 39 bits: users' tags stay
+// below this one, the backend's own (monitored_barrier) start at it.
+constexpr uint64_t kOwnTagBase = uint64_t{1} << 38;
+
 class BackendDlslime : public c10d::Backend {
  public:
   static constexpr const char* kName = "dlslime";
 
   // peers[r]: the endpoint to rank r (peers[rank] unused).  comm_id must
   // be the same on every rank and not used by a live communicator of
-  // this process (see comm_id_owner).
+  // this process (see comm_id_owner).  epoch (the same on every rank)
+  // counts the communicators made with comm_id; its low 8 bits must
+  // differ from those of every member's last one (comm_id_last_epoch),
+  // so that the old one's messages never match the new one's.
   BackendDlslime(int rank, int size, slime_ctx_t* ctx,
                  std::vector<slime_ep_t*> peers, uint32_t comm_id,
-                 std::chrono::milliseconds timeout, std::string group_name);
+                 uint64_t epoch, std::chrono::milliseconds timeout,
+                 std::string group_name);
   ~BackendDlslime() override;
 
   // The group name of the live communicator using comm_id in this
   // process, or "" if none does.
   static std::string comm_id_owner(uint32_t comm_id);
+  // The epoch of the last communicator made with comm_id in this
+  // process (0 if none was).
+  static uint64_t comm_id_last_epoch(uint32_t comm_id);
   // Shuts down every live BackendDlslime (before the context is closed
   // at exit).
   static void shutdown_all();

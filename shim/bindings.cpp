@@ -57,13 +57,14 @@ using dlslime_shim::BackendDlslime;
 
 dlslime_shim::NoGilPtr<BackendDlslime> make_backend(
     int rank, int size, uintptr_t ctx, const std::vector<uintptr_t>& peers,
-    uint32_t comm_id, int64_t timeout_ms, const std::string& group_name) {
+    uint32_t comm_id, uint64_t epoch, int64_t timeout_ms,
+    const std::string& group_name) {
   std::vector<slime_ep_t*> eps;
   for (uintptr_t p : peers)
     eps.push_back(reinterpret_cast<slime_ep_t*>(p));
   return c10::make_intrusive<BackendDlslime>(
       rank, size, reinterpret_cast<slime_ctx_t*>(ctx), std::move(eps),
-      comm_id, std::chrono::milliseconds(timeout_ms), group_name);
+      comm_id, epoch, std::chrono::milliseconds(timeout_ms), group_name);
 }
 
 } // namespace
@@ -78,10 +79,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       m, "BackendDlslime")
       .def(py::init(&make_backend), py::arg("rank"), py::arg("size"),
            py::arg("ctx"), py::arg("peers"), py::arg("comm_id"),
-           py::arg("timeout_ms"), py::arg("group_name"),
+           py::arg("epoch"), py::arg("timeout_ms"), py::arg("group_name"),
            py::call_guard<py::gil_scoped_release>(),
-           "BackendDlslime(rank, size, ctx, peers, comm_id, timeout_ms, "
-           "group_name): ctx and peers are the slime_ctx_t / slime_ep_t "
+           "BackendDlslime(rank, size, ctx, peers, comm_id, epoch, "
+           "timeout_ms, group_name): ctx and peers are the slime_ctx_t / "
+           "slime_ep_t "
            "pointers of dlslime_torch._C objects (Context.handle, "
            "Endpoint.handle); peers[rank] is ignored.")
       .def_property_readonly("comm_id", &BackendDlslime::comm_id)
@@ -90,6 +92,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("comm_id_owner", &BackendDlslime::comm_id_owner, py::arg("comm_id"),
         "The group name of the live dlslime process group that uses "
         "comm_id in this process, or '' if none.");
+  m.def("comm_id_last_epoch", &BackendDlslime::comm_id_last_epoch,
+        py::arg("comm_id"),
+        "The epoch of the last dlslime process group made with comm_id in "
+        "this process (0 if none was).");
   m.def("shutdown_all", &BackendDlslime::shutdown_all,
         py::call_guard<py::gil_scoped_release>(),
         "Shuts down every live dlslime process group of this process.");

@@ -19,7 +19,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kMonitorTagBase = uint64_t{1} << 46;
+constexpr uint64_t kMonitorTagBase = kOwnTagBase;
 // The cancel of a report that never came, or a send still in flight.
 constexpr int64_t kDropWaitMs = 1000;
 

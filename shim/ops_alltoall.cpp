@@ -65,6 +65,15 @@ std::vector<size_t> split_bytes(const at::Tensor& t,
   return bytes;
 }
 
+// Whether the bytes of a and b (CPU tensors) share any address.
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.numel() || !b.numel() || !a.has_storage() || !b.has_storage())
+    return false;
+  const auto* a0 = static_cast<const char*>(a.storage().data());
+  const auto* b0 = static_cast<const char*>(b.storage().data());
+  return a0 < b0 + b.storage().nbytes() && b0 < a0 + a.storage().nbytes();
+}
+
 } // namespace
 
 c10::intrusive_ptr<c10d::Work> BackendDlslime::alltoall_base(
@@ -106,25 +115,36 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::alltoall(
               "dlslime: ", op, ": expected ", size_,
               " input and output tensors (one per rank), got ", inputs.size(),
               " and ", outputs.size());
+  // Each tensor is handed over where it is (a copy only for one that is
+  // not contiguous): no flat buffer to fill and to copy out of.
+  Staging staging;
   std::vector<size_t> send_bytes, recv_bytes;
+  std::vector<const void*> srcs;
+  std::vector<void*> dsts;
   for (int r = 0; r < size_; r++) {
     check_cpu(inputs[r], op);
     check_cpu(outputs[r], op);
-    send_bytes.push_back(inputs[r].nbytes());
-    recv_bytes.push_back(outputs[r].nbytes());
   }
-  Layout send = layout_of(std::move(send_bytes));
-  Layout recv = layout_of(std::move(recv_bytes));
-  Staging staging;
-  at::Tensor src = staging.flat_bytes(inputs, true, false);
-  at::Tensor dst = staging.flat_bytes(outputs, false, true);
+  for (int r = 0; r < size_; r++) {
+    // An input that shares memory with an output could be overwritten
+    // by a receive before it is sent: it goes from a private copy.
+    bool shared = false;
+    for (int q = 0; q < size_ && !shared; q++)
+      shared = overlaps(inputs[r], outputs[q]);
+    at::Tensor in = shared ? staging.scratch(inputs[r])
+                           : staging.input(inputs[r]);
+    at::Tensor out = staging.output(outputs[r], false);
+    send_bytes.push_back(in.nbytes());
+    recv_bytes.push_back(out.nbytes());
+    srcs.push_back(data_of(in));
+    dsts.push_back(data_of(out));
+  }
   return post_collective(
       collective_spec(c10d::OpType::ALLTOALL, "dlslime:all_to_all", op,
                       outputs, staging),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
-        return slime_alltoallv(comm, data_of(src), send.bytes.data(),
-                               send.offs.data(), data_of(dst),
-                               recv.bytes.data(), recv.offs.data(), out);
+        return slime_alltoallv_ptrs(comm, srcs.data(), send_bytes.data(),
+                                    dsts.data(), recv_bytes.data(), out);
       });
 }
 

@@ -12,12 +12,8 @@ namespace dlslime_shim {
 
 namespace {
 
-// Tags at and above this are the backend's own (monitored_barrier); the
-// communicator's tag space has 47 bits.
-constexpr uint64_t kUserTagLimit = uint64_t{1} << 46;
-
 uint64_t user_tag(int tag, const char* op) {
-  TORCH_CHECK(tag >= 0 && static_cast<uint64_t>(tag) < kUserTagLimit,
+  TORCH_CHECK(tag >= 0 && static_cast<uint64_t>(tag) < kOwnTagBase,
               "dlslime: ", op, ": tag ", tag, " must be non-negative");
   return static_cast<uint64_t>(tag);
 }

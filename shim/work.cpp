@@ -28,39 +28,61 @@ int64_t ms_left(Clock::time_point deadline) {
 
 WorkDlslime::WorkDlslime(int rank, WorkSpec spec)
     : c10d::Work(rank, spec.type, spec.profiling_title),
-      spec_(std::move(spec)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      spec_(std::move(spec)) {}
 
-WorkDlslime::~WorkDlslime() {
-  // Runs after the completion callback (which held a reference), or for
-  // a Work whose request was never posted.
-  if (req_)
-    slime_req_free(req_);
+namespace {
+
+// What a Work dropped before its request completed leaves behind: the
+// request and the buffers the C library still uses.
+struct Orphan {
+  std::vector<at::Tensor> keep_alive;
+};
+
+void orphan_done(slime_req_t* req, void* arg) {
+  std::unique_ptr<Orphan> orphan(static_cast<Orphan*>(arg));
+  // The core allows freeing a request inside its own callback.
+  slime_req_free(req);
 }
 
-void WorkDlslime::arm(const c10::intrusive_ptr<WorkDlslime>& work,
-                      slime_req_t* req) {
-  work->req_ = req;
-  auto* holder = new c10::intrusive_ptr<WorkDlslime>(work);
-  slime_status_t st = slime_req_on_complete(req, &WorkDlslime::on_complete,
-                                            holder);
-  if (st != SLIME_OK) {
-    // Not armed: nothing will call back, so fail the Work here.
-    std::string detail = slime_last_error();
-    delete holder;
-    std::exception_ptr err = status_exception(work->spec_.what, st, detail);
-    work->finish(err);
-    work->future_->setError(err);
+} // namespace
+
+WorkDlslime::~WorkDlslime() {
+  // A Future callback, if one was armed, held a reference until it ran:
+  // here the request is either complete or has no callback.
+  if (!req_)
+    return;
+  if (claimed_.load() || slime_req_test(req_) != SLIME_INPROGRESS) {
+    slime_req_free(req_);
+    return;
   }
+  auto* orphan = new Orphan{std::move(spec_.keep_alive)};
+  if (slime_req_on_complete(req_, &orphan_done, orphan) != SLIME_OK) {
+    // Cannot happen (no other callback is armed); if it did, freeing the
+    // tensors could let the library write into freed memory: keep them.
+    return;
+  }
+}
+
+void WorkDlslime::arm(slime_req_t* req) {
+  req_ = req;
 }
 
 void WorkDlslime::on_complete(slime_req_t* req, void* arg) {
   std::unique_ptr<c10::intrusive_ptr<WorkDlslime>> holder(
       static_cast<c10::intrusive_ptr<WorkDlslime>*>(arg));
-  (*holder)->complete(slime_req_test(req));
+  WorkDlslime& work = **holder;
+  if (!work.claimed_.exchange(true))
+    work.complete(slime_req_test(req));
   // Dropping the holder may free the Work and with it the request: the
   // core allows that from inside the request's own callback.
+}
+
+bool WorkDlslime::finish_if_done() {
+  slime_status_t st = slime_req_test(req_);
+  if (st == SLIME_INPROGRESS || claimed_.exchange(true))
+    return false;
+  complete(st);
+  return true;
 }
 
 void WorkDlslime::complete(slime_status_t status) noexcept {
@@ -84,10 +106,18 @@ void WorkDlslime::complete(slime_status_t status) noexcept {
     spec_.keep_alive.clear();
     spec_.on_success = nullptr;
     finish(err);
-    if (err)
-      future_->setError(err);
-    else
-      future_->markCompleted(c10::IValue(spec_.outputs));
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    {
+      std::lock_guard<std::mutex> lock(future_mu_);
+      done_ = true;
+      future = future_;
+    }
+    if (future) {
+      if (err)
+        future->setError(err);
+      else
+        future->markCompleted(c10::IValue(spec_.outputs));
+    }
   } catch (...) {
     // A Future callback threw; it must not unwind into the C library.
   }
@@ -100,30 +130,31 @@ bool WorkDlslime::completed() {
 
 bool WorkDlslime::isCompleted() {
   if (!completed())
-    slime_req_test(req_); // drives progress once
+    finish_if_done(); // drives progress once
   return completed();
 }
 
 bool WorkDlslime::wait(milliseconds timeout) {
   milliseconds limit = timeout == kNoTimeout ? spec_.timeout : timeout;
   Clock::time_point deadline = Clock::now() + limit;
-  // Waiting in the C library drives progress from this thread, so short
-  // operations finish without a thread hand-off.
-  while (!completed()) {
-    int64_t left = ms_left(deadline);
-    if (left == 0)
-      break;
-    slime_req_wait(req_, left);
-    if (slime_req_test(req_) != SLIME_INPROGRESS) {
-      // Done in the core; its callback runs in the progress thread.
+  // Waiting in the C library drives progress from this thread, and the
+  // Work is finished here too: no thread hand-off on the way.
+  while (!completed() && !finish_if_done()) {
+    if (claimed_.load()) {
+      // Another thread (a Future's callback) is finishing it.
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait_for(lock, kCallbackGrace, [this] { return completed_; });
       break;
     }
+    int64_t left = ms_left(deadline);
+    if (left == 0)
+      break;
+    slime_req_wait(req_, left);
   }
-  if (!completed() && spec_.cancel_on_timeout) {
+  if (!completed() && spec_.cancel_on_timeout && !claimed_.load()) {
     timed_out_ms_.store(std::max<int64_t>(limit.count(), 1));
-    if (slime_req_cancel(req_) == SLIME_OK) {
+    slime_req_cancel(req_);
+    if (!finish_if_done() && claimed_.load()) {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait_for(lock, kCallbackGrace, [this] { return completed_; });
     }
@@ -139,7 +170,45 @@ bool WorkDlslime::wait(milliseconds timeout) {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkDlslime::getFuture() {
-  return future_;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  bool arm_callback = false, mark_now = false;
+  {
+    std::lock_guard<std::mutex> lock(future_mu_);
+    if (!future_) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()));
+      mark_now = done_;
+      arm_callback = !done_ && !callback_armed_;
+      callback_armed_ = callback_armed_ || arm_callback;
+    }
+    future = future_;
+  }
+  if (mark_now) {
+    std::exception_ptr err;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      err = exception_;
+    }
+    if (err)
+      future->setError(err);
+    else
+      future->markCompleted(c10::IValue(spec_.outputs));
+  } else if (arm_callback) {
+    // Nobody may wait on the Work: the core finishes it when the request
+    // completes (at once, right here, if it already has).  Outside
+    // future_mu_, which that takes.
+    auto* holder = new c10::intrusive_ptr<WorkDlslime>(
+        c10::intrusive_ptr<WorkDlslime>::reclaim_copy(this));
+    slime_status_t st =
+        slime_req_on_complete(req_, &WorkDlslime::on_complete, holder);
+    if (st != SLIME_OK) {
+      std::string detail = slime_last_error();
+      delete holder;
+      TORCH_CHECK(false, "dlslime: ", spec_.what, ": cannot arm the "
+                  "Future's completion: ", detail);
+    }
+  }
+  return future;
 }
 
 std::vector<at::Tensor> WorkDlslime::result() {

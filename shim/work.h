@@ -1,16 +1,20 @@
 // work.h - c10d::Work for one libdlslime request.
 //
-// The request's completion callback (slime_req_on_complete) finishes the
-// Work: it runs the op's copy-outs, records the error if any, wakes
-// waiters and completes the Future that getFuture() handed out (DDP comm
-// hooks chain on it).  Until that callback has run, it holds a reference
-// to the Work, so the tensors the C library reads or writes stay alive
-// however early the caller drops the Work.
+// The Work finishes (copy-outs, error, waking waiters, its Future) in
+// whichever thread first sees the request complete: a thread in wait()
+// or isCompleted() does it itself, so a short operation costs no thread
+// hand-off.  Only a Work whose Future was asked for (DDP comm hooks chain
+// on it) registers a completion callback with the core, which finishes
+// it from the progress thread if nobody waits; until that callback has
+// run, it holds a reference to the Work.  A Work dropped while its
+// request is still pending hands the tensors the C library uses to a
+// callback that releases them when the request completes.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,9 +36,9 @@ struct WorkSpec {
   // Every buffer the C library uses (staging copies included); released
   // once the request has completed.
   std::vector<at::Tensor> keep_alive;
-  // Runs once the request succeeded, in the thread that completes it
-  // (usually the context's progress thread): copies out of staging
-  // buffers, size checks.  May throw; the Work then fails with that.
+  // Runs once the request succeeded, in the thread that finishes the
+  // Work: copies out of staging buffers, size checks.  May throw; the
+  // Work then fails with that.
   std::function<void(slime_req_t*)> on_success;
   // For recv from any source: the rank a completed request came from.
   std::function<int(slime_req_t*)> source_of;
@@ -49,9 +53,9 @@ class WorkDlslime : public c10d::Work {
   WorkDlslime(int rank, WorkSpec spec);
   ~WorkDlslime() override;
 
-  // Takes ownership of req and finishes work when req completes.
-  static void arm(const c10::intrusive_ptr<WorkDlslime>& work,
-                  slime_req_t* req);
+  // Takes ownership of req, which is posted: the Work finishes when it
+  // completes.
+  void arm(slime_req_t* req);
 
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
@@ -61,15 +65,24 @@ class WorkDlslime : public c10d::Work {
 
  private:
   static void on_complete(slime_req_t* req, void* arg);
+  // Finishes the Work if the request has completed and nobody else is
+  // finishing it; true if this call did.
+  bool finish_if_done();
   void complete(slime_status_t status) noexcept;
   bool completed();
 
   WorkSpec spec_;
   slime_req_t* req_ = nullptr;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // Set by the one thread that finishes the Work.
+  std::atomic<bool> claimed_{false};
   // Set by a wait that ran out: the limit it waited, for the message
   // of the cancel it causes (0: none did).
   std::atomic<int64_t> timed_out_ms_{0};
+  // Guards future_, done_ and callback_armed_.
+  std::mutex future_mu_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  bool done_ = false;             // finished: future_ gets marked at once
+  bool callback_armed_ = false;
 };
 
 } // namespace dlslime_shim

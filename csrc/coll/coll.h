@@ -5,12 +5,16 @@
  * public send/recv API in the communicator's tag space:
  *
  *   bits 63..48  comm id
- *   bit  47      1: collective traffic, 0: slime_comm_send/recv
- *   bits 46..23  (collective) sequence number of the collective
+ *   bits 47..40  epoch: tells a communicator apart from an earlier one
+ *                with the same id, whose messages may still be in flight
+ *   bit  39      1: collective traffic, 0: slime_comm_send/recv
+ *   bits 38..23  (collective) sequence number of the collective
  *   bits 22..0   (collective) step of its algorithm
  *
- * Step values stop one short of all ones: the tag whose low 47 bits are
- * all ones carries abort notices (abort.c). */
+ * Step values stop one short of all ones: the tag whose low 39 bits are
+ * all ones carries abort notices (abort.c).  Sequence numbers wrap: two
+ * collectives 2^16 apart share tags, which is harmless because messages
+ * of one tag between a pair match in the order sent. */
 #ifndef SLIME_COLL_H
 #define SLIME_COLL_H
 
@@ -22,11 +26,14 @@
 
 #include "core/internal.h"
 
-#define COLL_FLAG (1ull << 47)
-#define COLL_SEQ_BITS 24
+#define COLL_ID_SHIFT 48
+#define COLL_EPOCH_SHIFT 40
+#define COLL_EPOCH_MAX 0xffu
+#define COLL_FLAG (1ull << 39)
+#define COLL_SEQ_BITS 16
 #define COLL_STEP_BITS 23
 #define COLL_STEP_LIMIT ((1u << COLL_STEP_BITS) - 1) /* steps wrap below it */
-#define COLL_USER_TAG_MAX ((1ull << 47) - 1)
+#define COLL_USER_TAG_MAX ((1ull << 39) - 1)
 
 /* What a failing rank tells the others (abort.c). */
 typedef struct abort_msg {
@@ -40,6 +47,7 @@ struct coll_op;
 struct slime_comm {
     slime_ctx_t *ctx;
     uint32_t id;
+    uint32_t epoch;
     int rank, size;
     slime_ep_t **peers;             /* peers[rank] == NULL */
     _Atomic int64_t timeout_ms;
@@ -97,15 +105,19 @@ struct coll_op {
 };
 
 /* ---- comm.c ---- */
+/* The bits every tag of this communicator starts with. */
+static inline uint64_t comm_tag_base(const slime_comm_t *c) {
+    return (uint64_t)c->id << COLL_ID_SHIFT | (uint64_t)c->epoch << COLL_EPOCH_SHIFT;
+}
 static inline uint64_t comm_user_tag(const slime_comm_t *c, uint64_t tag) {
-    return (uint64_t)c->id << 48 | tag;
+    return comm_tag_base(c) | tag;
 }
 static inline uint64_t comm_coll_tag(const slime_comm_t *c, uint64_t seq, uint32_t step) {
-    return (uint64_t)c->id << 48 | COLL_FLAG |
+    return comm_tag_base(c) | COLL_FLAG |
            (seq & ((1ull << COLL_SEQ_BITS) - 1)) << COLL_STEP_BITS | (step % COLL_STEP_LIMIT);
 }
 static inline uint64_t comm_abort_tag(const slime_comm_t *c) {
-    return (uint64_t)c->id << 48 | COLL_FLAG | COLL_USER_TAG_MAX;
+    return comm_tag_base(c) | COLL_FLAG | COLL_USER_TAG_MAX;
 }
 /* The rank whose endpoint is ep, or -1. */
 int comm_rank_of(const slime_comm_t *comm, const slime_ep_t *ep);

@@ -6,8 +6,30 @@
 
 #include "coll/coll.h"
 
-slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, int rank, int size,
-                                 slime_ep_t *const *peers, int64_t timeout_ms,
+typedef struct stale_arg {
+    uint32_t id, epoch;
+    bool this_epoch;                /* drop this epoch's, else the others' */
+} stale_arg_t;
+
+static bool tag_is_stale(uint64_t tag, void *arg) {
+    const stale_arg_t *a = arg;
+    if (tag >> COLL_ID_SHIFT != a->id) return false;
+    return (((tag >> COLL_EPOCH_SHIFT) & COLL_EPOCH_MAX) == a->epoch) == a->this_epoch;
+}
+
+/* Messages of the comm id that no communicator will take would sit in
+ * the unexpected queue for good, holding its budget: at create, those
+ * of earlier epochs; at destroy, this one's own.  Never a later epoch's:
+ * a member may already be posting on the next communicator. */
+static void comm_drop_stale(slime_ctx_t *ctx, uint32_t id, uint32_t epoch, bool this_epoch) {
+    stale_arg_t a = {id, epoch, this_epoch};
+    pthread_mutex_lock(&ctx->lock);
+    proto_drop_unexpected(ctx, tag_is_stale, &a);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, uint32_t epoch, int rank,
+                                 int size, slime_ep_t *const *peers, int64_t timeout_ms,
                                  slime_comm_t **out) {
     if (out) *out = NULL;
     if (!ctx || !out) return slime_errorf(SLIME_ERR_INVAL, "comm_create: NULL %s", ctx ? "out" : "context");
@@ -16,6 +38,8 @@ slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, int rank, i
     /* its tag space (top 16 bits all ones) is RPC's: SLIME_RPC_TAG_SPACE */
     if (comm_id == 0xffffu)
         return slime_errorf(SLIME_ERR_INVAL, "comm_create: comm_id 0xffff is reserved for RPC traffic");
+    if (epoch > COLL_EPOCH_MAX)
+        return slime_errorf(SLIME_ERR_INVAL, "comm_create: epoch %u does not fit in 8 bits", epoch);
     if (size < 1 || rank < 0 || rank >= size)
         return slime_errorf(SLIME_ERR_INVAL, "comm_create: rank %d of size %d", rank, size);
     if (timeout_ms < 0)
@@ -43,6 +67,7 @@ slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, int rank, i
     for (int r = 0; r < size; r++) eps[r] = r == rank ? NULL : peers[r];
     c->ctx = ctx;
     c->id = comm_id;
+    c->epoch = epoch;
     c->rank = rank;
     c->size = size;
     c->peers = eps;
@@ -53,6 +78,7 @@ slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, int rank, i
     pthread_cond_init(&c->cv, NULL);
     list_init(&c->queue);
     c->broken = SLIME_OK;
+    comm_drop_stale(ctx, comm_id, epoch, false);
     slime_status_t st = abort_channel_open(c);
     if (st != SLIME_OK) {
         pthread_cond_destroy(&c->cv);
@@ -70,6 +96,7 @@ void slime_comm_destroy(slime_comm_t *comm) {
     if (!comm) return;
     coll_worker_stop(comm);
     abort_channel_close(comm);
+    comm_drop_stale(comm->ctx, comm->id, comm->epoch, true);
     if (comm->rma_scratch_mr) slime_mr_dereg(comm->rma_scratch_mr);
     free(comm->rma_scratch);
     free(comm->scratch);
@@ -136,7 +163,7 @@ static slime_status_t p2p_check(const slime_comm_t *comm, int peer, const void *
     if (!comm || !out) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL %s", what, comm ? "out" : "communicator");
     if (!buf && len) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL buffer of %zu bytes", what, len);
     if (tag > COLL_USER_TAG_MAX)
-        return slime_errorf(SLIME_ERR_INVAL, "%s: tag %#llx does not fit in 47 bits", what,
+        return slime_errorf(SLIME_ERR_INVAL, "%s: tag %#llx does not fit in 39 bits", what,
                             (unsigned long long)tag);
     if (any_ok && peer == SLIME_ANY_SOURCE) return SLIME_OK;
     if (peer < 0 || peer >= comm->size)

@@ -239,6 +239,10 @@ void proto_send_cts(slime_ep_t *ep, uint64_t sreq, slime_req_t *recv,
 /* The receiver of an FF_RDMA rendezvous fetched it: tells the sender. */
 void proto_rndv_done(slime_ep_t *ep, uint64_t sreq, slime_status_t st);
 bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req);
+/* Under ctx->lock: drops every queued unexpected message whose tag
+ * stale() says is dead (a destroyed communicator's); the sender of an
+ * announced (rendezvous) one gets SLIME_ERR_CANCELED.  Returns how many. */
+size_t proto_drop_unexpected(slime_ctx_t *ctx, bool (*stale)(uint64_t tag, void *arg), void *arg);
 void proto_post_rma(slime_ep_t *ep, slime_req_t *req);
 int proto_rma_progress(slime_ep_t *ep);
 void umsg_free(slime_ctx_t *ctx, umsg_t *m);

@@ -122,6 +122,21 @@ bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req) {
     return false;
 }
 
+size_t proto_drop_unexpected(slime_ctx_t *ctx, bool (*stale)(uint64_t tag, void *arg), void *arg) {
+    size_t n = 0;
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, &ctx->unexpected) {
+        umsg_t *m = container_of(pos, umsg_t, link);
+        if (!stale(m->tag, arg)) continue;
+        /* an announced message's sender waits for an answer: refuse it,
+         * so that its send fails now rather than at its timeout */
+        if (m->rts && m->ep->state == EP_UP) proto_send_cts(m->ep, m->sreq, NULL, SLIME_ERR_CANCELED);
+        umsg_free(ctx, m);
+        n++;
+    }
+    return n;
+}
+
 void proto_deliver_imm(slime_ep_t *ep, uint32_t imm) {
     slime_req_t *w = list_first(&ep->imm_waiters, slime_req_t, qlink);
     if (w) {
@@ -218,8 +233,12 @@ void proto_on_header(slime_ep_t *ep) {
         req_id_release(ctx, r);
         if (ep->tp->rndv_release) ep->tp->rndv_release(ep, r);
         if ((int32_t)h->u32 != SLIME_OK) {
-            req_complete(r, (slime_status_t)(int32_t)h->u32,
-                         "receiver's buffer is smaller than the message of %zu bytes", r->len);
+            slime_status_t why = (slime_status_t)(int32_t)h->u32;
+            if (why == SLIME_ERR_TRUNCATED)
+                req_complete(r, why, "receiver's buffer is smaller than the message of %zu bytes", r->len);
+            else
+                req_complete(r, why, "the receiver dropped the message of %zu bytes (%s)", r->len,
+                             slime_strerror(why));
             return;
         }
         txn_t *t = txn_new(F_DATA, 0);

@@ -33,22 +33,23 @@ static void bad_args(h_rank_t *r)
     memcpy(eps, r->ep, sizeof eps);
 
     /* communicators */
-    H_CHECK_STATUS(slime_comm_create(NULL, 1, me, n, eps, 1000, &bad), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(NULL, 1, 0, me, n, eps, 1000, &bad), SLIME_ERR_INVAL);
     H_CHECK(bad == NULL);
-    H_CHECK_STATUS(slime_comm_create(r->ctx, 0x10000, me, n, eps, 1000, &bad), SLIME_ERR_INVAL);
-    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, n, n, eps, 1000, &bad), SLIME_ERR_INVAL);
-    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, -1, n, eps, 1000, &bad), SLIME_ERR_INVAL);
-    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, 0, 0, eps, 1000, &bad), SLIME_ERR_INVAL);
-    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, me, n, eps, -1, &bad), SLIME_ERR_INVAL);
-    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, me, n, NULL, 1000, &bad), SLIME_ERR_INVAL);
-    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, me, n, eps, 1000, NULL), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(r->ctx, 0x10000, 0, me, n, eps, 1000, &bad), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, 0x100, me, n, eps, 1000, &bad), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, 0, n, n, eps, 1000, &bad), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, 0, -1, n, eps, 1000, &bad), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, 0, 0, 0, eps, 1000, &bad), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, 0, me, n, eps, -1, &bad), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, 0, me, n, NULL, 1000, &bad), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, 0, me, n, eps, 1000, NULL), SLIME_ERR_INVAL);
     int other = (me + 1) % n;
     eps[other] = NULL;
-    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, me, n, eps, 1000, &bad), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(r->ctx, 1, 0, me, n, eps, 1000, &bad), SLIME_ERR_INVAL);
     H_CHECK(strstr(slime_last_error(), "peers[") != NULL);
     if (n >= 3) { /* two ranks, one endpoint */
         eps[other] = r->ep[(other + 1) % n == me ? (other + 2) % n : (other + 1) % n];
-        H_CHECK_STATUS(slime_comm_create(r->ctx, 1, me, n, eps, 1000, &bad), SLIME_ERR_INVAL);
+        H_CHECK_STATUS(slime_comm_create(r->ctx, 1, 0, me, n, eps, 1000, &bad), SLIME_ERR_INVAL);
         H_CHECK(strstr(slime_last_error(), "share") != NULL);
     }
     memcpy(eps, r->ep, sizeof eps);
@@ -115,6 +116,13 @@ static void bad_args(h_rank_t *r)
     self_only[me] = 4;
     REFUSED(SLIME_ERR_INVAL, slime_alltoallv(comm, buf, self_only, z, dst, z, z, &q_));
     H_CHECK(strstr(slime_last_error(), "itself") != NULL);
+    const void *srcs[H_MAX_RANKS] = {0};
+    void *dsts[H_MAX_RANKS] = {0};
+    REFUSED(SLIME_ERR_INVAL, slime_alltoallv_ptrs(comm, NULL, z, dsts, z, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_alltoallv_ptrs(comm, srcs, z, dsts, NULL, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_alltoallv_ptrs(comm, srcs, four, dsts, z, &q_));
+    H_CHECK(strstr(slime_last_error(), "NULL src") != NULL);
+    REFUSED(SLIME_ERR_INVAL, slime_alltoallv_ptrs(NULL, srcs, z, dsts, z, &q_));
     REFUSED(SLIME_ERR_INVAL, slime_barrier(NULL, &q_));
     H_CHECK_STATUS(slime_barrier(comm, NULL), SLIME_ERR_INVAL);
 
@@ -122,7 +130,7 @@ static void bad_args(h_rank_t *r)
     REFUSED(SLIME_ERR_INVAL, slime_comm_send(comm, n, buf, 4, 1, &q_));
     REFUSED(SLIME_ERR_INVAL, slime_comm_send(comm, me, buf, 4, 1, &q_));
     REFUSED(SLIME_ERR_INVAL, slime_comm_send(comm, SLIME_ANY_SOURCE, buf, 4, 1, &q_));
-    REFUSED(SLIME_ERR_INVAL, slime_comm_send(comm, other, buf, 4, 1ull << 47, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_comm_send(comm, other, buf, 4, 1ull << 39, &q_));
     REFUSED(SLIME_ERR_INVAL, slime_comm_send(comm, other, NULL, 4, 1, &q_));
     REFUSED(SLIME_ERR_INVAL, slime_comm_recv(comm, -7, buf, 4, 1, &q_));
     REFUSED(SLIME_ERR_INVAL, slime_comm_recv(comm, SLIME_ANY_SOURCE, buf, 4, ~0ull, &q_));
@@ -140,10 +148,10 @@ static void bad_args(h_rank_t *r)
     /* an endpoint of another context */
     slime_ctx_t *ctx2 = h_ctx_create(NULL);
     slime_comm_t *c2 = NULL;
-    H_CHECK_STATUS(slime_comm_create(ctx2, 1, me, n, r->ep, 1000, &c2), SLIME_ERR_INVAL);
+    H_CHECK_STATUS(slime_comm_create(ctx2, 1, 0, me, n, r->ep, 1000, &c2), SLIME_ERR_INVAL);
     H_CHECK(strstr(slime_last_error(), "another context") != NULL);
     /* a communicator of one needs no endpoints */
-    H_CHECK_OK(slime_comm_create(ctx2, 1, 0, 1, NULL, 1000, &c2));
+    H_CHECK_OK(slime_comm_create(ctx2, 1, 0, 0, 1, NULL, 1000, &c2));
     int64_t v = 5;
     T_RUN(slime_allreduce(c2, &v, 1, SLIME_DT_INT64, SLIME_RED_PROD, &q_));
     H_CHECK_EQ(v, 5);

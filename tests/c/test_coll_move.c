@@ -151,6 +151,22 @@ static void alltoallv(h_rank_t *r)
         /* the gaps were not written */
         for (int p = 0; p < n; p++)
             H_CHECK_BYTES(dst + ro[p] - 3, 3, 0xee);
+        /* the same with a buffer of its own per peer */
+        const void *srcs[H_MAX_RANKS];
+        void *dsts[H_MAX_RANKS];
+        uint8_t *own[H_MAX_RANKS];
+        for (int p = 0; p < n; p++) {
+            own[p] = h_alloc(rb[p] + 1);
+            memset(own[p], 0xee, rb[p] + 1);
+            srcs[p] = sb[p] ? src + so[p] : NULL;
+            dsts[p] = rb[p] ? own[p] : NULL;
+        }
+        T_RUN(slime_alltoallv_ptrs(comm, srcs, sb, dsts, rb, &q_));
+        for (int p = 0; p < n; p++) {
+            H_CHECK_PATTERN(own[p], rb[p], seed_of(p, 10 + r->rank), (size_t)k);
+            H_CHECK_BYTES(own[p] + rb[p], 1, 0xee);
+            free(own[p]);
+        }
         free(src);
         free(dst);
     }
@@ -232,8 +248,8 @@ static void p2p(h_rank_t *r)
         H_CHECK(memcmp(decoy_in, decoy, 8) == 0);
         slime_req_free(dq);
 
-        /* a named peer and a tag using all 47 bits */
-        uint64_t tag = (1ull << 47) - 1;
+        /* a named peer and a tag using all 39 bits */
+        uint64_t tag = (1ull << 39) - 1;
         uint8_t got[5] = {0};
         slime_req_t *a = NULL, *b = NULL;
         H_CHECK_OK(slime_comm_recv(comm, left, got, sizeof got, tag, &a));
@@ -247,6 +263,80 @@ static void p2p(h_rank_t *r)
     h_barrier(r);
     slime_comm_destroy(other);
     slime_comm_destroy(comm);
+}
+
+/* Rank 0 sends "new!" and then BIG bytes of 0xa5 on c to rank 1, which
+ * must get exactly those (never an older communicator's messages). */
+static void stale_check_new(h_rank_t *r, slime_comm_t *c, uint8_t *big, size_t len, uint64_t tag)
+{
+    slime_req_t *q = NULL;
+    if (r->rank == 0) {
+        H_CHECK_OK(slime_comm_send(c, 1, "new!", 4, tag, &q));
+        H_WAIT_FREE(q, SLIME_OK);
+        memset(big, 0xa5, len);
+        H_CHECK_OK(slime_comm_send(c, 1, big, len, tag + 1, &q));
+        H_WAIT_FREE(q, SLIME_OK);
+        return;
+    }
+    char got[8] = {0};
+    H_CHECK_OK(slime_comm_recv(c, 0, got, sizeof got, tag, &q));
+    H_WAIT(q, SLIME_OK);
+    H_CHECK_EQ(slime_req_bytes(q), 4);
+    H_CHECK(memcmp(got, "new!", 4) == 0);
+    slime_req_free(q);
+    memset(big, 0, len);
+    H_CHECK_OK(slime_comm_recv(c, 0, big, len, tag + 1, &q));
+    H_WAIT_FREE(q, SLIME_OK);
+    for (size_t i = 0; i < len; i++)
+        H_CHECK_EQ(big[i], 0xa5);
+}
+
+/* A communicator made again with the same id (and a new epoch) must
+ * never take the old one's messages: neither those queued unmatched
+ * when it was destroyed (which are dropped then: the sender of a large
+ * one is told), nor those that arrive after the new one was made. */
+static void stale(h_rank_t *r)
+{
+    enum { ID = 11, TAG = 5, BIG = 1 << 20 };
+    const int me = r->rank;
+    uint8_t *big = h_alloc(BIG);
+    slime_req_t *old_small = NULL, *old_big = NULL;
+    slime_comm_t *c = NULL;
+
+    /* queued: the old messages arrive before the barrier's (one stream) */
+    H_CHECK_OK(slime_comm_create(r->ctx, ID, 1, me, 2, r->ep, H_WAIT_MS, &c));
+    if (me == 0) {
+        memset(big, 0x5a, BIG);
+        H_CHECK_OK(slime_comm_send(c, 1, "old!", 4, TAG, &old_small));
+        H_CHECK_OK(slime_comm_send(c, 1, big, BIG, TAG + 1, &old_big));
+        H_WAIT_FREE(old_small, SLIME_OK); /* eager: done once it left */
+    }
+    T_RUN(slime_barrier(c, &q_));
+    slime_comm_destroy(c);
+    H_CHECK_OK(slime_comm_create(r->ctx, ID, 2, me, 2, r->ep, H_WAIT_MS, &c));
+    h_barrier(r);
+    stale_check_new(r, c, big, BIG, TAG);
+    if (me == 0) {
+        H_WAIT(old_big, SLIME_ERR_CANCELED);
+        H_CHECK(strstr(slime_req_error(old_big), "dropped") != NULL);
+        slime_req_free(old_big);
+    }
+
+    /* late: rank 1 is gone from the old communicator when they come */
+    h_barrier(r);
+    if (me == 1) slime_comm_destroy(c);
+    h_barrier(r);
+    if (me == 0) {
+        H_CHECK_OK(slime_comm_send(c, 1, "old!", 4, TAG, &old_small));
+        H_WAIT_FREE(old_small, SLIME_OK);
+        slime_comm_destroy(c);
+    }
+    H_CHECK_OK(slime_comm_create(r->ctx, ID, 3, me, 2, r->ep, H_WAIT_MS, &c));
+    h_barrier(r);
+    stale_check_new(r, c, big, BIG, TAG);
+    h_barrier(r);
+    slime_comm_destroy(c);
+    free(big);
 }
 
 int main(int argc, char **argv)
@@ -267,6 +357,7 @@ int main(int argc, char **argv)
         {"barrier_1", barrier, 1, false, 0},       {"barrier_2", barrier, 2, false, 0},
         {"barrier_3", barrier, 3, false, 0},       {"barrier_4", barrier, 4, false, 0},
         {"p2p_2", p2p, 2, false, 0},               {"p2p_4", p2p, 4, false, 0},
+        {"stale_2", stale, 2, false, 0},
     };
     return h_main("test_coll_move", cases, sizeof cases / sizeof cases[0], argc, argv);
 }

@@ -19,10 +19,15 @@
 
 #define T_COMM_ID 7u
 
+/* Every rank runs the same sequence of t_comm calls, so a counter gives
+ * each new communicator the same epoch on every rank, and one that
+ * differs from the last communicator's with the same id (the contract). */
 static inline slime_comm_t *t_comm(h_rank_t *r, uint32_t id, int64_t timeout_ms)
 {
+    static uint32_t epoch;
+    epoch = (epoch + 1) & 0xff;
     slime_comm_t *comm = NULL;
-    H_CHECK_OK(slime_comm_create(r->ctx, id, r->rank, r->nranks, r->ep, timeout_ms, &comm));
+    H_CHECK_OK(slime_comm_create(r->ctx, id, epoch, r->rank, r->nranks, r->ep, timeout_ms, &comm));
     H_CHECK_EQ(slime_comm_rank(comm), r->rank);
     H_CHECK_EQ(slime_comm_size(comm), r->nranks);
     return comm;

@@ -151,6 +151,47 @@ def test_destroy_fails_pending_work():
     assert message and "dlslime: recv from rank 1" in message, message
 
 
+def _stale_messages(rank, size, store):
+    """Rank 0 sends on a group that rank 1 never receives on (a small
+    message and a large one), then both make the group again under the
+    same name: its receives must get the new messages, never the old."""
+    import dlslime_torch  # noqa: F401
+    small, big = 4, 1 << 18            # eager, and rendezvous (1 MiB)
+    dist.init_process_group("dlslime", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
+    old_big = None
+    if rank == 0:
+        dist.send(torch.full((small,), -1.0), 1, tag=3)
+        old_big = dist.isend(torch.full((big,), -1.0), 1, tag=4)
+    dist.barrier()
+    dist.destroy_process_group()
+    dist.init_process_group("dlslime", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
+    if rank == 0:
+        dist.send(torch.full((small,), 2.0), 1, tag=3)
+        dist.send(torch.full((big,), 2.0), 1, tag=4)
+        got = None
+    else:
+        a, b = torch.zeros(small), torch.zeros(big)
+        dist.recv(a, 0, tag=3)
+        dist.recv(b, 0, tag=4)
+        got = (a.unique().tolist(), b.unique().tolist())
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        # the old large send is refused by the receiver, not left hanging
+        try:
+            old_big.wait()
+        except RuntimeError as exc:
+            return str(exc)
+        return "completed"
+    return got
+
+
+def test_remade_group_never_gets_the_old_groups_messages():
+    refused, got = run_job(2, _stale_messages)
+    assert got == ([2.0], [2.0]), got
+    assert "dropped" in refused, refused
+
+
 def test_handles_name_the_c_objects():
     """Context.handle / Endpoint.handle: the C pointers the shim is given
     (so torch ops and _C users share one core), valid while open."""

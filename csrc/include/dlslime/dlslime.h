@@ -352,8 +352,9 @@ SLIME_API slime_status_t slime_req_on_complete(slime_req_t *req,
 /* ------------------------------------------------------------------ */
 /* A communicator is a group of `size` contexts, one per rank, each
  * holding an endpoint to every other member.  Its messages travel in a
- * tag space of their own (the comm id in the top 16 bits of the tag), so
- * they never match user messages or another communicator's.
+ * tag space of their own (the comm id in the top 16 bits of the tag, its
+ * epoch in the next 8), so they never match user messages or another
+ * communicator's.
  *
  * Collectives run in the order they are posted on a communicator: every
  * rank must post the same sequence, as in MPI.  They are executed by the
@@ -429,9 +430,18 @@ SLIME_API slime_status_t slime_redop_check(slime_redop_t op, slime_dtype_t dtype
 /* Creates this rank's view of a communicator.  peers[r] is the endpoint
  * to rank r (peers[rank] is ignored and may be NULL); the array is copied.
  * comm_id (16 bits) must be the same on every rank and unique among the
- * communicators alive in the job.  timeout_ms bounds every collective. */
+ * communicators alive in the job.  epoch (8 bits, the same on every rank)
+ * tells it apart from earlier communicators with the same id: their
+ * messages, still in flight or queued unmatched, never match this one's.
+ * Pick an epoch that differs from that of the last communicator with
+ * this id on every member, and let every member have created the
+ * communicator before any member posts on it.  Messages queued here
+ * unmatched are dropped: those of other epochs of the id at create, the
+ * communicator's own at destroy (the sender of a large one sees
+ * SLIME_ERR_CANCELED).
+ * timeout_ms bounds every collective. */
 SLIME_API slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id,
-                                           int rank, int size,
+                                           uint32_t epoch, int rank, int size,
                                            slime_ep_t *const *peers,
                                            int64_t timeout_ms,
                                            slime_comm_t **out);
@@ -447,7 +457,7 @@ SLIME_API int slime_comm_size(const slime_comm_t *comm);
 SLIME_API slime_status_t slime_comm_set_timeout(slime_comm_t *comm,
                                                 int64_t timeout_ms);
 
-/* Point-to-point in the communicator's tag space (tag: low 47 bits).
+/* Point-to-point in the communicator's tag space (tag: low 39 bits).
  * peer may be SLIME_ANY_SOURCE for a receive; slime_comm_req_source
  * tells which rank sent it.  These do not queue behind collectives. */
 SLIME_API slime_status_t slime_comm_send(slime_comm_t *comm, int peer,
@@ -506,6 +516,17 @@ SLIME_API slime_status_t slime_alltoallv(slime_comm_t *comm, const void *src,
                                          const size_t *recv_bytes,
                                          const size_t *recv_offs,
                                          slime_req_t **out);
+/* As slime_alltoallv, with a buffer of its own per peer: sends
+ * send_bytes[p] bytes at srcs[p] to rank p and receives recv_bytes[p]
+ * bytes from p into dsts[p] (NULL allowed where the count is 0; this
+ * rank's own block may be in place, srcs[rank] == dsts[rank]).  The
+ * arrays are copied. */
+SLIME_API slime_status_t slime_alltoallv_ptrs(slime_comm_t *comm,
+                                              const void *const *srcs,
+                                              const size_t *send_bytes,
+                                              void *const *dsts,
+                                              const size_t *recv_bytes,
+                                              slime_req_t **out);
 /* Completes when every rank has posted it. */
 SLIME_API slime_status_t slime_barrier(slime_comm_t *comm, slime_req_t **out);
 
