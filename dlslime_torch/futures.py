@@ -32,6 +32,9 @@ DEFAULT_TIMEOUT_S = 300.0
 POLL_MAX_S = 0.001
 
 _PENDING, _OK, _FAILED = 0, 1, 2
+# One lock for every future's first-settler-wins: settling is short and
+# rare next to making futures, which a lock each would slow down.
+_settle_lock = threading.Lock()
 
 
 def timeout_ms(timeout):
@@ -59,7 +62,7 @@ class Future:
     """
 
     __slots__ = ("_req", "_value", "_what", "_wrap", "_keep", "_cleanup",
-                 "_state", "_exc", "_lock")
+                 "_state", "_exc")
 
     def __init__(self, request, value=None, *, what="operation",
                  wrap_error=None, keep=(), cleanup=None):
@@ -70,7 +73,6 @@ class Future:
         self._keep = keep
         self._cleanup = cleanup
         self._exc = None
-        self._lock = threading.Lock()
         self._state = _PENDING
         if request is None:
             self._settle(None)
@@ -81,7 +83,7 @@ class Future:
 
     def _settle(self, exc):
         """Records the outcome (first caller wins) and cleans up."""
-        with self._lock:
+        with _settle_lock:
             if self._state != _PENDING:
                 return
             if exc is None and callable(self._value):

@@ -55,7 +55,7 @@ def _as_offset(value, name, label):
 
 class _Call:
     """What every op of one call is checked against: this process's
-    context and job (looked up once per call, not per op)."""
+    context and job, looked up again only when the context changes."""
 
     __slots__ = ("ctx", "ctx_id", "job")
 
@@ -63,6 +63,17 @@ class _Call:
         self.ctx = regions.context()
         self.ctx_id = self.ctx.id
         self.job = regions.this_job()
+
+
+_last_call = None
+
+
+def _current_call():
+    global _last_call
+    call = _last_call
+    if call is None or call.ctx is not runtime.current():
+        call = _last_call = _Call()
+    return call
 
 
 class _Op:
@@ -188,10 +199,15 @@ def _post_one(call, op):
         if op.nbytes:
             op.copy_locally()
         return Future(None, op.local)
-    local = _LocalRegions(call.ctx)
+    # the common case, a tensor inside a registered Region, needs no
+    # _LocalRegions (which exists to register others for this call)
+    tensor = op.local
+    ptr = tensor.data_ptr()
+    region = regions.containing(call.ctx, ptr, tensor.nbytes)
+    local = None if region is not None else _LocalRegions(call.ctx)
     try:
         ep = _endpoint(call.ctx, op.remote.owner)
-        mr, off = local.find(op.local)
+        mr, off = (region.mr, ptr - region.addr) if local is None else local.find(tensor)
         if op.kind == "read":
             request = ep.read(mr, off, op.remote.desc, op.roff, op.nbytes)
         elif op.kind == "write":
@@ -199,12 +215,14 @@ def _post_one(call, op):
         else:
             request = ep.write_imm(mr, off, op.remote.desc, op.roff, op.nbytes, op.imm)
     except _C.SlimeError as exc:
-        local.close()
+        if local is not None:
+            local.close()
         raise from_core(exc, op.describe()) from None
     except BaseException:
-        local.close()
+        if local is not None:
+            local.close()
         raise
-    if local.temporary:
+    if local is not None and local.temporary:
         return Future(request, op.local, what=op.describe, wrap_error=from_core,
                       keep=local, cleanup=local.close)
     return Future(request, op.local, what=op.describe, wrap_error=from_core)
@@ -242,21 +260,21 @@ def _post_many(call, kind, ops, what):
 def read(dst, remote, offset=0):
     """Reads remote elements [offset, offset + dst.numel()) into dst;
     returns a Future whose result is dst."""
-    call = _Call()
+    call = _current_call()
     return _post_one(call, _Op("read", dst, remote, offset, call))
 
 
 def write(src, remote, offset=0):
     """Writes src into remote elements [offset, offset + src.numel());
     returns a Future whose result is src."""
-    call = _Call()
+    call = _current_call()
     return _post_one(call, _Op("write", src, remote, offset, call))
 
 
 def write_with_imm(src, remote, imm, offset=0):
     """write(), then the 32-bit imm is delivered to the remote region's
     owner (recv_imm there) once the data is in place."""
-    call = _Call()
+    call = _current_call()
     return _post_one(call, _Op("write_with_imm", src, remote, offset, call, imm=imm))
 
 
@@ -316,7 +334,7 @@ def _unpack(item, kind, index, call):
 
 
 def _batch(kind, items):
-    call = _Call()
+    call = _current_call()
     ops = [_unpack(item, kind, i, call) for i, item in enumerate(items)]
     total = sum(op.nbytes for op in ops)
     return _post_many(call, kind, ops, f"{kind} of {len(ops)} items ({total} bytes)")
