@@ -5,7 +5,8 @@
 #
 #   1. the C tests with DLSLIME_TRANSPORT=verbs (ctest -L verbs: every
 #      tests/c program, plus tests/verbs/test_*.c);
-#   2. the Python _C tests with transport "verbs".
+#   2. the Python _C tests with transport "verbs";
+#   3. in the VM, a few of them again over IPv4 GIDs (ipv4_gids.sh).
 #
 # Usage: tests/verbs/vm_tests.sh [BUILD_DIR]   (default: build, with the
 # Python extension built in place, as scripts/run_tests.sh leaves it)
@@ -55,6 +56,15 @@ DLSLIME_TEST_TRANSPORTS=verbs "$PYTHON" -m pytest -q -p no:cacheprovider --durat
     --ignore=tests/python/test_c_netns.py --ignore=tests/python/test_rpc_api.py ||
     failed+=("Python tests on verbs")
 echo "Python tests on verbs: $(($(now) - t0)) s"
+
+# Last, since it changes the VM's addresses and routing: the same
+# devices again over IPv4 GIDs (the runs above use IPv6 link-local ones).
+if [ -n "${DLSLIME_VM_OUT:-}" ]; then
+    echo "==== verbs: RoCE v2 over IPv4 GIDs"
+    t0=$(now)
+    bash tests/verbs/ipv4_gids.sh "$BUILD" || failed+=("verbs over IPv4 GIDs")
+    echo "verbs over IPv4 GIDs: $(($(now) - t0)) s"
+fi
 
 if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "${failed[@]}"
