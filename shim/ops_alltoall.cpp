@@ -65,15 +65,6 @@ std::vector<size_t> split_bytes(const at::Tensor& t,
   return bytes;
 }
 
-// Whether the bytes of a and b (CPU tensors) share any address.
-bool overlaps(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.numel() || !b.numel() || !a.has_storage() || !b.has_storage())
-    return false;
-  const auto* a0 = static_cast<const char*>(a.storage().data());
-  const auto* b0 = static_cast<const char*>(b.storage().data());
-  return a0 < b0 + b.storage().nbytes() && b0 < a0 + a.storage().nbytes();
-}
-
 } // namespace
 
 c10::intrusive_ptr<c10d::Work> BackendDlslime::alltoall_base(

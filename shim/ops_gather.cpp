@@ -34,16 +34,26 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allgather(
   TORCH_CHECK(outputs.size() == 1, "dlslime: ", op,
               " takes one output list per call, got ", outputs.size());
   check_list(outputs[0], input, size_, op);
-  // Into one flat buffer, then out to the list.
+  // Each output is written where it is (through a copy only when it is
+  // not contiguous): no flat buffer to fill and to copy out of.
   Staging staging;
+  std::vector<void*> blocks;
+  for (const auto& t : outputs[0])
+    blocks.push_back(data_of(staging.output(t, false)));
+  // The input may be this rank's own output (in place); one that shares
+  // memory with the outputs otherwise goes from a private copy.
   at::Tensor src = staging.input(input);
-  at::Tensor dst = staging.flat(outputs[0], input.scalar_type(), false, true);
+  bool shared = false;
+  for (const auto& t : outputs[0])
+    shared = shared || overlaps(input, t);
+  if (shared && data_of(src) != blocks[rank_])
+    src = staging.scratch(input);
   return post_collective(
       collective_spec(c10d::OpType::ALLGATHER, "dlslime:all_gather", op,
                       outputs[0], staging),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
-        return slime_allgather(comm, data_of(src), src.nbytes(), data_of(dst),
-                               out);
+        return slime_allgather_ptrs(comm, data_of(src), src.nbytes(),
+                                    blocks.data(), out);
       });
 }
 

@@ -82,15 +82,23 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::reduce_scatter(
               " takes one input list per call, got ", inputs.size());
   check_list(inputs[0], output, size_, op);
   Reduction red = checked_reduction(output, opts.reduceOp, op);
+  // Each input is read where it is (through a copy only when it is not
+  // contiguous): no flat buffer to fill.  The output holds partial sums
+  // while the inputs are still read, so an input sharing its memory goes
+  // from a private copy.
   Staging staging;
-  at::Tensor src = staging.flat(inputs[0], output.scalar_type(), true, false);
+  std::vector<const void*> blocks;
+  for (const auto& t : inputs[0]) {
+    at::Tensor in = overlaps(t, output) ? staging.scratch(t) : staging.input(t);
+    blocks.push_back(data_of(in));
+  }
   at::Tensor dst = staging.output(output, false);
   return post_collective(
       collective_spec(c10d::OpType::REDUCE_SCATTER, "dlslime:reduce_scatter",
                       op, outputs, staging),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
-        return slime_reduce_scatter(comm, data_of(src), data_of(dst),
-                                    dst.numel(), red.dtype, red.op, out);
+        return slime_reduce_scatter_ptrs(comm, blocks.data(), data_of(dst),
+                                         dst.numel(), red.dtype, red.op, out);
       });
 }
 

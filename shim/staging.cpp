@@ -111,4 +111,12 @@ std::function<void()> Staging::copy_back() const {
   };
 }
 
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.numel() || !b.numel() || !a.has_storage() || !b.has_storage())
+    return false;
+  const auto* a0 = static_cast<const char*>(a.storage().data());
+  const auto* b0 = static_cast<const char*>(b.storage().data());
+  return a0 < b0 + b.storage().nbytes() && b0 < a0 + a.storage().nbytes();
+}
+
 } // namespace dlslime_shim

@@ -48,4 +48,8 @@ class Staging {
 // an empty tensor).
 void* data_of(const at::Tensor& t);
 
+// Whether the storages of a and b (CPU tensors) share any address: a
+// cheap, conservative test for an input that an output could clobber.
+bool overlaps(const at::Tensor& a, const at::Tensor& b);
+
 } // namespace dlslime_shim

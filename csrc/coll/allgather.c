@@ -1,21 +1,26 @@
-/* allgather: the ring, copying.  Rank r's block starts in dst at r *
- * bytes; at step s each rank passes on the block it got at step s - 1,
- * in chunks, so n - 1 steps move every block to every rank. */
+/* allgather: the ring, copying.  Rank r's block starts in dst block r;
+ * at step s each rank passes on the block it got at step s - 1, in
+ * chunks, so n - 1 steps move every block to every rank.  Each block has
+ * an address of its own, so that a list of tensors needs no flat
+ * staging copy; the flat form names the blocks of one buffer. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "coll/coll.h"
 
+/* op->ptrs: the size block addresses */
 static bool allgather_exec(coll_run_t *r, const coll_op_t *op) {
     slime_comm_t *c = r->comm;
     const int n = c->size;
-    uint8_t *dst = op->dst;
     if (op->bytes == 0) return true;
-    uint8_t *mine = dst + (size_t)c->rank * op->bytes;
-    if ((const uint8_t *)op->src != mine) memcpy(mine, op->src, op->bytes);
+    uint8_t *const *blocks = (uint8_t *const *)op->ptrs;
+    uint8_t *mine = blocks[c->rank];
+    /* memmove: src may overlap its own block (in place, or nearly) */
+    if ((const uint8_t *)op->src != mine) memmove(mine, op->src, op->bytes);
     ring_plan_t p = {
         .mode = RING_INPLACE,
-        .buf = dst,
+        .blocks = blocks,
         .total = (size_t)n * op->bytes,
         .esize = 1,
         .shift = 0,
@@ -26,14 +31,41 @@ static bool allgather_exec(coll_run_t *r, const coll_op_t *op) {
     return ring_run(r, &p);
 }
 
+slime_status_t slime_allgather_ptrs(slime_comm_t *comm, const void *src, size_t bytes, void *const *dst_blocks,
+                                    slime_req_t **out) {
+    slime_status_t st = coll_check(comm, out, "allgather", false, 0);
+    if (st != SLIME_OK) return st;
+    if (bytes > SIZE_MAX / (size_t)comm->size)
+        return slime_errorf(SLIME_ERR_INVAL, "allgather: %d x %zu bytes overflow", comm->size, bytes);
+    if (bytes && !src) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL src buffer with %zu bytes", bytes);
+    if (bytes && !dst_blocks) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL dst block array");
+    const int n = comm->size;
+    for (int q = 0; bytes && q < n; q++)
+        if (!dst_blocks[q])
+            return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL dst block for rank %d with %zu bytes", q, bytes);
+    void **ptrs = NULL;
+    if (bytes) {
+        ptrs = malloc((size_t)n * sizeof *ptrs);
+        if (!ptrs) return slime_errorf(SLIME_ERR_NOMEM, "allgather: out of memory");
+        memcpy(ptrs, dst_blocks, (size_t)n * sizeof *ptrs);
+    }
+    coll_op_t t = {.exec = allgather_exec, .name = "allgather", .src = src, .bytes = bytes, .ptrs = ptrs};
+    return coll_post(comm, &t, out);
+}
+
 slime_status_t slime_allgather(slime_comm_t *comm, const void *src, size_t bytes, void *dst,
                                slime_req_t **out) {
     slime_status_t st = coll_check(comm, out, "allgather", false, 0);
     if (st != SLIME_OK) return st;
     if (bytes > SIZE_MAX / (size_t)comm->size)
         return slime_errorf(SLIME_ERR_INVAL, "allgather: %d x %zu bytes overflow", comm->size, bytes);
-    if (bytes && (!src || !dst))
-        return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL %s buffer with %zu bytes", src ? "dst" : "src", bytes);
-    coll_op_t t = {.exec = allgather_exec, .name = "allgather", .src = src, .dst = dst, .bytes = bytes};
-    return coll_post(comm, &t, out);
+    if (bytes && !dst) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL dst buffer with %zu bytes", bytes);
+    /* the same collective with each block's address spelled out */
+    const int n = comm->size;
+    void **blocks = malloc((size_t)n * sizeof *blocks);
+    if (!blocks) return slime_errorf(SLIME_ERR_NOMEM, "allgather: out of memory");
+    for (int q = 0; q < n; q++) blocks[q] = bytes ? (uint8_t *)dst + (size_t)q * bytes : NULL;
+    st = slime_allgather_ptrs(comm, src, bytes, blocks, out);
+    free(blocks);
+    return st;
 }

@@ -102,6 +102,7 @@ struct coll_op {
     slime_redop_t redop;
     int root;
     size_t *v;                      /* alltoallv: 4 * size entries, owned */
+    void **ptrs;                    /* size per-block addresses, owned (NULL: none) */
 };
 
 /* ---- comm.c ---- */
@@ -132,7 +133,8 @@ void *comm_rma_scratch(slime_comm_t *comm, size_t len, slime_mr_t **mr);
 slime_status_t coll_check(const slime_comm_t *comm, slime_req_t **out, const char *name,
                           bool root_used, int root);
 /* Takes a filled template (exec, name, args), queues a copy and hands
- * back its request.  *v ownership passes to the queue, also on failure. */
+ * back its request.  Ownership of v and ptrs passes to the queue, also
+ * on failure. */
 slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t **out);
 void coll_worker_stop(slime_comm_t *comm);
 
@@ -192,7 +194,7 @@ bool run_fail(coll_run_t *r, slime_status_t st, const char *fmt, ...)
 void run_release(coll_run_t *r);
 static inline bool run_ok(const coll_run_t *r) { return r->status == SLIME_OK; }
 
-/* ---- ring.c: the pipelined ring over n blocks of one buffer ---- */
+/* ---- ring.c: the pipelined ring over n blocks ---- */
 enum ring_mode {
     RING_INPLACE,                   /* blocks of buf: reduce steps, then copy steps */
     RING_FROM_SRC,                  /* reduce_scatter: const src blocks, result to dst */
@@ -202,6 +204,11 @@ typedef struct ring_plan {
     enum ring_mode mode;
     uint8_t *buf;                   /* INPLACE: the blocks */
     const uint8_t *src;             /* FROM_SRC: the blocks */
+    /* optional, n entries: block b is at blocks[b] (INPLACE) or
+     * src_blocks[b] (FROM_SRC) instead of at its offset in buf or src,
+     * so that a list of tensors needs no flat staging copy */
+    uint8_t *const *blocks;
+    const uint8_t *const *src_blocks;
     uint8_t *dst;                   /* FROM_SRC: this rank's result block */
     size_t total;                   /* elements over all blocks */
     size_t esize;
@@ -216,6 +223,10 @@ typedef struct ring_plan {
 bool ring_run(coll_run_t *r, const ring_plan_t *p);
 /* Block b's range (elements) under plan p. */
 void ring_block(const ring_plan_t *p, int n, int b, size_t *off, size_t *len);
+/* Where element `first` of block b lives (INPLACE: in buf or blocks;
+ * FROM_SRC: in src or src_blocks). */
+uint8_t *ring_at(const ring_plan_t *p, int n, int b, size_t first);
+const uint8_t *ring_src_at(const ring_plan_t *p, int n, int b, size_t first);
 
 /* ---- tuning (worker.c) ---- */
 size_t coll_chunk_bytes(void);      /* pipeline unit; $DLSLIME_COLL_CHUNK */

@@ -1,23 +1,28 @@
 /* reduce_scatter: the ring's reduce-scatter, reading the caller's src
- * (which stays untouched) and leaving the result in dst.  Partial sums
- * travel in scratch slots; each rank moves (n - 1)/n of src. */
+ * blocks (which stay untouched) and leaving the result in dst.  Partial
+ * sums travel in scratch slots; each rank moves (n - 1)/n of src.  Each
+ * src block has an address of its own, so that a list of tensors needs
+ * no flat staging copy; the flat form names the blocks of one buffer. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "coll/coll.h"
 
+/* op->ptrs: the size src block addresses */
 static bool reduce_scatter_exec(coll_run_t *r, const coll_op_t *op) {
     slime_comm_t *c = r->comm;
     const int n = c->size;
     const size_t es = slime_dtype_size(op->dtype);
     if (op->count == 0) return true;
+    const uint8_t *const *src_blocks = (const uint8_t *const *)op->ptrs;
     if (n == 1) {
-        if (op->dst != op->src) memcpy(op->dst, op->src, op->count * es);
+        if (op->dst != src_blocks[0]) memmove(op->dst, src_blocks[0], op->count * es);
         return true; /* AVG over one rank divides by one */
     }
     ring_plan_t p = {
         .mode = RING_FROM_SRC,
-        .src = op->src,
+        .src_blocks = src_blocks,
         .dst = op->dst,
         .total = (size_t)n * op->count,
         .esize = es,
@@ -32,6 +37,32 @@ static bool reduce_scatter_exec(coll_run_t *r, const coll_op_t *op) {
     return ring_run(r, &p);
 }
 
+slime_status_t slime_reduce_scatter_ptrs(slime_comm_t *comm, const void *const *src_blocks, void *dst,
+                                         size_t count, slime_dtype_t dtype, slime_redop_t op, slime_req_t **out) {
+    slime_status_t st = coll_check(comm, out, "reduce_scatter", false, 0);
+    if (st == SLIME_OK) st = coll_check_reduce("reduce_scatter", dtype, op);
+    if (st != SLIME_OK) return st;
+    size_t es = slime_dtype_size(dtype);
+    if (count > SIZE_MAX / es / (size_t)comm->size)
+        return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: %d x %zu elements overflow", comm->size, count);
+    if (count && !dst) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL dst buffer with %zu elements", count);
+    if (count && !src_blocks) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL src block array");
+    const int n = comm->size;
+    for (int q = 0; count && q < n; q++)
+        if (!src_blocks[q])
+            return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL src block for rank %d with %zu elements",
+                                q, count);
+    void **ptrs = NULL;
+    if (count) {
+        ptrs = malloc((size_t)n * sizeof *ptrs);
+        if (!ptrs) return slime_errorf(SLIME_ERR_NOMEM, "reduce_scatter: out of memory");
+        for (int q = 0; q < n; q++) ptrs[q] = (void *)(uintptr_t)src_blocks[q]; /* read only, never written */
+    }
+    coll_op_t t = {.exec = reduce_scatter_exec, .name = "reduce_scatter", .typed = true, .dst = dst,
+                   .count = count, .dtype = dtype, .redop = op, .ptrs = ptrs};
+    return coll_post(comm, &t, out);
+}
+
 slime_status_t slime_reduce_scatter(slime_comm_t *comm, const void *src, void *dst, size_t count,
                                     slime_dtype_t dtype, slime_redop_t op, slime_req_t **out) {
     slime_status_t st = coll_check(comm, out, "reduce_scatter", false, 0);
@@ -40,10 +71,13 @@ slime_status_t slime_reduce_scatter(slime_comm_t *comm, const void *src, void *d
     size_t es = slime_dtype_size(dtype);
     if (count > SIZE_MAX / es / (size_t)comm->size)
         return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: %d x %zu elements overflow", comm->size, count);
-    if (count && (!src || !dst))
-        return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL %s buffer with %zu elements",
-                            src ? "dst" : "src", count);
-    coll_op_t t = {.exec = reduce_scatter_exec, .name = "reduce_scatter", .typed = true, .src = src, .dst = dst,
-                   .count = count, .dtype = dtype, .redop = op};
-    return coll_post(comm, &t, out);
+    if (count && !src) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL src buffer with %zu elements", count);
+    /* the same collective with each block's address spelled out */
+    const int n = comm->size;
+    const void **blocks = malloc((size_t)n * sizeof *blocks);
+    if (!blocks) return slime_errorf(SLIME_ERR_NOMEM, "reduce_scatter: out of memory");
+    for (int q = 0; q < n; q++) blocks[q] = count ? (const uint8_t *)src + (size_t)q * count * es : NULL;
+    st = slime_reduce_scatter_ptrs(comm, blocks, dst, count, dtype, op, out);
+    free(blocks);
+    return st;
 }

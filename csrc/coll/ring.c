@@ -1,5 +1,5 @@
-/* The pipelined ring: the blocks of a buffer travel around the ranks in
- * chunks.  At step s every rank sends block (rank + shift - s) to its
+/* The pipelined ring: the blocks of a buffer (or blocks at addresses of
+ * their own, ring_at) travel around the ranks in chunks.  At step s every rank sends block (rank + shift - s) to its
  * right neighbour and receives block (rank + shift - s - 1) from its left
  * one; the first reduce_steps steps combine what arrives with the local
  * block (reduce-scatter), the rest copy it into place (allgather).  A
@@ -8,7 +8,8 @@
  * ahead, each reduce step's chunk landing in a scratch slot of its own.
  *
  * A link between neighbours on one host (shm) can go by one-sided reads
- * instead (in-place plans): the sender registers its buffer, announces
+ * instead (in-place plans): the sender registers each block (a region
+ * apiece, since blocks may be scattered), announces
  * each chunk that is ready with an empty message, and the receiver
  * copies it straight out of the sender's buffer (one copy, by CMA,
  * instead of one into the shared ring and one out of it).  The sender of
@@ -36,15 +37,29 @@
 #define STEP_DONE (COLL_STEP_LIMIT - 3)
 
 typedef struct link_hello {
-    uint32_t by_read;               /* 1: the receiver reads, desc names the buffer */
+    uint32_t by_read;               /* 1: the receiver reads, desc names the blocks */
     uint32_t pad;
-    slime_mr_desc_t desc;
+    slime_mr_desc_t desc[];         /* per block (n): a region each, as blocks may be scattered */
 } link_hello_t;
 
 void ring_block(const ring_plan_t *p, int n, int b, size_t *off, size_t *len) {
     size_t base = p->total / (size_t)n, rem = p->total % (size_t)n, ub = (size_t)b;
     *len = base + (ub < rem ? 1 : 0);
     *off = ub * base + (ub < rem ? ub : rem);
+}
+
+uint8_t *ring_at(const ring_plan_t *p, int n, int b, size_t first) {
+    if (!p->blocks) return p->buf + first * p->esize;
+    size_t off, len;
+    ring_block(p, n, b, &off, &len);
+    return p->blocks[b] + (first - off) * p->esize;
+}
+
+const uint8_t *ring_src_at(const ring_plan_t *p, int n, int b, size_t first) {
+    if (!p->src_blocks) return p->src + first * p->esize;
+    size_t off, len;
+    ring_block(p, n, b, &off, &len);
+    return p->src_blocks[b] + (first - off) * p->esize;
 }
 
 typedef struct ring_state {
@@ -59,8 +74,10 @@ typedef struct ring_state {
     int *dst_send;                  /* FROM_SRC: per chunk, a send still reading dst */
     /* one-sided links */
     bool read_in, read_out;         /* we read from left / right reads from us */
-    slime_mr_t *buf_mr, *slots_mr;
-    link_hello_t hello_in, hello_out;
+    slime_mr_t **block_mrs;         /* per block (n), NULL where not registered */
+    slime_mr_t *slots_mr;
+    link_hello_t *hello_in, *hello_out;
+    size_t hello_len;
     int reads[RING_WINDOW];         /* the read of each window unit, or -1 */
     size_t read_next;               /* first unit whose read is not posted */
     int done_h;                     /* right's "finished reading us" */
@@ -111,7 +128,7 @@ static uint8_t *recv_target(const ring_state_t *g, int s, size_t c, size_t unit)
     if (s < p->reduce_steps) return slot_of(g, unit);
     size_t first, len;
     chunk_of(g, recv_block(g, s), c, &first, &len);
-    return p->buf + first * p->esize;
+    return ring_at(p, g->n, recv_block(g, s), first);
 }
 
 /* The chunk of step s arrived: combine or keep it, then pass it on. */
@@ -133,7 +150,7 @@ static bool ring_process(ring_state_t *g, int s, size_t c, size_t unit) {
             if (!run_wait_one(r, g->dst_send[c])) return false;
             g->dst_send[c] = -1;
         }
-        red_combine(p->dtype, p->redop, out, slot_of(g, unit), p->src + first * es, len);
+        red_combine(p->dtype, p->redop, out, slot_of(g, unit), ring_src_at(p, g->n, b, first), len);
         if (last_reduce) {
             if (p->avg) red_divide(p->dtype, out, len, g->n);
             return true;
@@ -141,7 +158,7 @@ static bool ring_process(ring_state_t *g, int s, size_t c, size_t unit) {
         g->dst_send[c] = run_send(r, g->right, unit_step(g, s + 1, c), out, len * es);
         return g->dst_send[c] >= 0;
     }
-    uint8_t *region = p->buf + first * es;
+    uint8_t *region = ring_at(p, g->n, b, first);
     if (s < p->reduce_steps) {
         red_accumulate(p->dtype, p->redop, region, slot_of(g, unit), len);
         if (last_reduce && p->avg) red_divide(p->dtype, region, len, g->n);
@@ -162,6 +179,30 @@ static bool cma_allowed(void) {
     return !(v && v[0] == '0');
 }
 
+static void blocks_dereg(ring_state_t *g) {
+    /* dereg waits for a peer's copy still under way (a failed run) */
+    for (int b = 0; b < g->n; b++) {
+        if (g->block_mrs[b]) slime_mr_dereg(g->block_mrs[b]);
+        g->block_mrs[b] = NULL;
+    }
+}
+
+/* Registers every non-empty block, a region each (blocks may lie
+ * anywhere), with their descriptors into descs when not NULL. */
+static slime_status_t blocks_reg(ring_state_t *g, unsigned access, slime_mr_desc_t *descs) {
+    const ring_plan_t *p = g->p;
+    for (int b = 0; b < g->n; b++) {
+        size_t off, len;
+        ring_block(p, g->n, b, &off, &len);
+        if (len == 0) continue;
+        slime_status_t st =
+            slime_mr_reg(g->r->comm->ctx, ring_at(p, g->n, b, off), len * p->esize, access, &g->block_mrs[b]);
+        if (st == SLIME_OK && descs) st = slime_mr_desc(g->block_mrs[b], &descs[b]);
+        if (st != SLIME_OK) return st;
+    }
+    return SLIME_OK;
+}
+
 /* Agrees with both neighbours on how each link moves chunks. */
 static bool links_setup(ring_state_t *g) {
     const ring_plan_t *p = g->p;
@@ -170,23 +211,25 @@ static bool links_setup(ring_state_t *g) {
     for (int k = 0; k < RING_WINDOW; k++) g->reads[k] = -1;
     if (p->mode != RING_INPLACE) return true; /* both ends know: no reads */
     size_t bytes = p->total * p->esize;
-    if (bytes >= coll_cma_min_bytes() && cma_allowed() && link_is_shm(g, g->right) &&
-        slime_mr_reg(r->comm->ctx, p->buf, bytes, SLIME_ACCESS_REMOTE_READ, &g->buf_mr) == SLIME_OK &&
-        slime_mr_desc(g->buf_mr, &g->hello_out.desc) == SLIME_OK)
-        g->hello_out.by_read = 1;
-    g->read_out = g->hello_out.by_read == 1;
+    if (bytes >= coll_cma_min_bytes() && cma_allowed() && link_is_shm(g, g->right)) {
+        if (blocks_reg(g, SLIME_ACCESS_REMOTE_READ, g->hello_out->desc) == SLIME_OK)
+            g->hello_out->by_read = 1;
+        else
+            blocks_dereg(g); /* the right neighbour gets the bytes sent instead */
+    }
+    g->read_out = g->hello_out->by_read == 1;
     const char *phase = r->phase;
     r->phase = "ring set-up";
-    int h_in = run_recv(r, g->left, STEP_HELLO, &g->hello_in, sizeof g->hello_in);
-    if (h_in < 0 || run_send(r, g->right, STEP_HELLO, &g->hello_out, sizeof g->hello_out) < 0) return false;
+    int h_in = run_recv(r, g->left, STEP_HELLO, g->hello_in, g->hello_len);
+    if (h_in < 0 || run_send(r, g->right, STEP_HELLO, g->hello_out, g->hello_len) < 0) return false;
     if (g->read_out && (g->done_h = run_recv(r, g->right, STEP_DONE, NULL, 0)) < 0) return false;
     if (!run_wait_one(r, h_in)) return false;
     r->phase = phase;
-    g->read_in = g->hello_in.by_read == 1;
+    g->read_in = g->hello_in->by_read == 1;
     if (!g->read_in) return true;
-    /* reads land in buf or in registered scratch */
-    if (!g->buf_mr) {
-        slime_status_t st = slime_mr_reg(r->comm->ctx, p->buf, bytes, 0, &g->buf_mr);
+    /* reads land in the blocks or in registered scratch */
+    if (!g->read_out) {
+        slime_status_t st = blocks_reg(g, 0, NULL);
         if (st != SLIME_OK) return run_fail(r, st, "%s: cannot register the buffer: %s", r->phase, slime_last_error());
     }
     if (p->reduce_steps > 0) {
@@ -212,13 +255,17 @@ static bool post_reads(ring_state_t *g, size_t posted, size_t wait_for, const in
             c -= left_units;
             s++;
         }
-        size_t first, len;
-        chunk_of(g, recv_block(g, s), c, &first, &len);
-        uint8_t *to = recv_target(g, s, c, u);
-        slime_mr_t *mr = s < p->reduce_steps ? g->slots_mr : g->buf_mr;
-        uint8_t *base = s < p->reduce_steps ? g->slots : p->buf;
-        g->reads[k] = run_read(r, g->left, unit_step(g, s, c), mr, (size_t)(to - base), &g->hello_in.desc,
-                               first * p->esize, len * p->esize);
+        int b = recv_block(g, s);
+        size_t first, len, boff, blen;
+        chunk_of(g, b, c, &first, &len);
+        ring_block(p, g->n, b, &boff, &blen);
+        /* offsets within block b's region, on both sides */
+        size_t at = (first - boff) * p->esize;
+        bool to_slot = s < p->reduce_steps;
+        slime_mr_t *mr = to_slot ? g->slots_mr : g->block_mrs[b];
+        size_t local_off = to_slot ? (size_t)(slot_of(g, u) - g->slots) : at;
+        g->reads[k] = run_read(r, g->left, unit_step(g, s, c), mr, local_off, &g->hello_in->desc[b], at,
+                               len * p->esize);
         if (g->reads[k] < 0) return false;
         g->read_next++;
     }
@@ -226,9 +273,7 @@ static bool post_reads(ring_state_t *g, size_t posted, size_t wait_for, const in
 }
 
 static void links_close(ring_state_t *g) {
-    /* dereg waits for a peer's copy still under way (a failed run) */
-    if (g->buf_mr) slime_mr_dereg(g->buf_mr);
-    g->buf_mr = NULL;
+    if (g->block_mrs) blocks_dereg(g);
 }
 
 bool ring_run(coll_run_t *r, const ring_plan_t *p) {
@@ -253,7 +298,11 @@ bool ring_run(coll_run_t *r, const ring_plan_t *p) {
     }
     g.sends = malloc((total_sends ? total_sends : 1) * sizeof *g.sends);
     g.dst_send = malloc((g.kmax ? g.kmax : 1) * sizeof *g.dst_send);
-    bool ok = g.sends && g.dst_send;
+    g.block_mrs = calloc((size_t)g.n, sizeof *g.block_mrs);
+    g.hello_len = sizeof(link_hello_t) + (size_t)g.n * sizeof(slime_mr_desc_t);
+    g.hello_in = calloc(1, g.hello_len);
+    g.hello_out = calloc(1, g.hello_len);
+    bool ok = g.sends && g.dst_send && g.block_mrs && g.hello_in && g.hello_out;
     if (!ok) run_fail(r, SLIME_ERR_NOMEM, "%s: out of memory", r->phase);
     for (size_t c = 0; ok && c < g.kmax; c++) g.dst_send[c] = -1;
     ok = ok && links_setup(&g);
@@ -278,11 +327,11 @@ bool ring_run(coll_run_t *r, const ring_plan_t *p) {
      * a send is only an announcement until the receiver asks) */
     if (ok) {
         int b0 = send_block(&g, 0);
-        const uint8_t *base = p->mode == RING_FROM_SRC ? p->src : p->buf;
         for (size_t c = 0; ok && c < chunks_of(&g, b0); c++) {
             size_t first, len;
             chunk_of(&g, b0, c, &first, &len);
-            ok = send_tracked(&g, 0, c, base + first * p->esize, len);
+            const uint8_t *at = p->mode == RING_FROM_SRC ? ring_src_at(p, g.n, b0, first) : ring_at(p, g.n, b0, first);
+            ok = send_tracked(&g, 0, c, at, len);
         }
     }
     while (ok && done < total_units) {
@@ -325,5 +374,8 @@ bool ring_run(coll_run_t *r, const ring_plan_t *p) {
     if (ok) r->phase = phase;
     free(g.sends);
     free(g.dst_send);
+    free(g.block_mrs);
+    free(g.hello_in);
+    free(g.hello_out);
     return ok && run_ok(r);
 }

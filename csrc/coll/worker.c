@@ -53,6 +53,7 @@ slime_status_t coll_check(const slime_comm_t *comm, slime_req_t **out, const cha
 
 static void op_free(coll_op_t *op) {
     free(op->v);
+    free(op->ptrs);
     free(op);
 }
 
@@ -119,6 +120,7 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
     if (!req) {
         free(op);
         free(tmpl->v);
+        free(tmpl->ptrs);
         return slime_errorf(SLIME_ERR_NOMEM, "%s: out of memory", tmpl->name);
     }
     *op = *tmpl;

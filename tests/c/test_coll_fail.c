@@ -123,6 +123,30 @@ static void bad_args(h_rank_t *r)
     REFUSED(SLIME_ERR_INVAL, slime_alltoallv_ptrs(comm, srcs, four, dsts, z, &q_));
     H_CHECK(strstr(slime_last_error(), "NULL src") != NULL);
     REFUSED(SLIME_ERR_INVAL, slime_alltoallv_ptrs(NULL, srcs, z, dsts, z, &q_));
+    /* per-block allgather / reduce_scatter: every block must be there */
+    void *blocks[H_MAX_RANKS];
+    const void *cblocks[H_MAX_RANKS];
+    for (int k = 0; k < n; k++) {
+        blocks[k] = dst + 4 * k;
+        cblocks[k] = dst + 4 * k;
+    }
+    blocks[n - 1] = NULL;
+    cblocks[n - 1] = NULL;
+    REFUSED(SLIME_ERR_INVAL, slime_allgather_ptrs(comm, buf, 4, blocks, &q_));
+    H_CHECK(strstr(slime_last_error(), "NULL dst block") != NULL);
+    REFUSED(SLIME_ERR_INVAL, slime_allgather_ptrs(comm, buf, 4, NULL, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_allgather_ptrs(comm, NULL, 4, dsts, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_allgather_ptrs(comm, buf, SIZE_MAX / 2 + 1, blocks, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_allgather_ptrs(NULL, buf, 4, blocks, &q_));
+    REFUSED(SLIME_ERR_INVAL,
+            slime_reduce_scatter_ptrs(comm, cblocks, buf, 4, SLIME_DT_INT8, SLIME_RED_SUM, &q_));
+    H_CHECK(strstr(slime_last_error(), "NULL src block") != NULL);
+    REFUSED(SLIME_ERR_INVAL, slime_reduce_scatter_ptrs(comm, NULL, buf, 4, SLIME_DT_INT8, SLIME_RED_SUM, &q_));
+    cblocks[n - 1] = dst;
+    REFUSED(SLIME_ERR_INVAL,
+            slime_reduce_scatter_ptrs(comm, cblocks, NULL, 4, SLIME_DT_INT8, SLIME_RED_SUM, &q_));
+    REFUSED(SLIME_ERR_UNSUPPORTED,
+            slime_reduce_scatter_ptrs(comm, cblocks, buf, 4, SLIME_DT_FLOAT32, SLIME_RED_BXOR, &q_));
     REFUSED(SLIME_ERR_INVAL, slime_barrier(NULL, &q_));
     H_CHECK_STATUS(slime_barrier(comm, NULL), SLIME_ERR_INVAL);
 

@@ -38,6 +38,38 @@ static void broadcast(h_rank_t *r)
     slime_comm_destroy(comm);
 }
 
+/* slime_allgather_ptrs: every block a buffer of its own, allocated in
+ * reverse rank order (so not ascending in memory) with a guard byte
+ * after it; out of place, then in place (src is this rank's block). */
+static void allgather_ptrs(slime_comm_t *comm, h_rank_t *r, size_t len, size_t s)
+{
+    const int n = r->nranks;
+    uint8_t *own[H_MAX_RANKS], *src = h_alloc(len + 1);
+    void *blocks[H_MAX_RANKS];
+    for (int k = n - 1; k >= 0; k--) {
+        own[k] = h_alloc(len + 1);
+        blocks[k] = len ? own[k] : NULL;
+    }
+    for (int round = 0; round < 2; round++) {
+        bool in_place = round == 1;
+        int what = in_place ? 5 : 4;
+        for (int k = 0; k < n; k++)
+            memset(own[k], 0xee, len + 1);
+        uint8_t *from = in_place ? own[r->rank] : src;
+        h_fill(from, len, seed_of(r->rank, what), s);
+        T_RUN(slime_allgather_ptrs(comm, len ? from : NULL, len, len ? blocks : NULL, &q_));
+        for (int k = 0; k < n; k++) {
+            H_CHECK_PATTERN(own[k], len, seed_of(k, what), s);
+            H_CHECK_BYTES(own[k] + len, 1, 0xee);
+        }
+        if (!in_place)
+            H_CHECK_PATTERN(src, len, seed_of(r->rank, what), s);
+    }
+    for (int k = 0; k < n; k++)
+        free(own[k]);
+    free(src);
+}
+
 static void allgather(h_rank_t *r)
 {
     slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
@@ -58,6 +90,7 @@ static void allgather(h_rank_t *r)
         T_RUN(slime_allgather(comm, len ? dst + (size_t)r->rank * len : NULL, len, len ? dst : NULL, &q_));
         for (size_t k = 0; k < n; k++)
             H_CHECK_PATTERN(dst + k * len, len, seed_of((int)k, 3), s);
+        allgather_ptrs(comm, r, len, s);
         free(src);
         free(dst);
     }

@@ -64,6 +64,23 @@ static void reduce_scatter_one(slime_comm_t *comm, h_rank_t *r, slime_dtype_t dt
     T_RUN(slime_reduce_scatter(comm, count ? src : NULL, count ? dst : NULL, count, dt, op, &q_));
     t_check_reduced("reduce_scatter", dt, op, r->nranks, dst, (size_t)r->rank * count, count);
     H_CHECK(memcmp(copy, src, n * count * es) == 0); /* src is left alone */
+    /* the same from a buffer per block, allocated in reverse order (not
+     * ascending in memory), into a dst with a guard byte after it */
+    uint8_t *own[H_MAX_RANKS];
+    const void *blocks[H_MAX_RANKS];
+    for (int b = (int)n - 1; b >= 0; b--) {
+        own[b] = h_alloc(count * es + 1);
+        memcpy(own[b], copy + (size_t)b * count * es, count * es);
+        blocks[b] = count ? own[b] : NULL;
+    }
+    memset(dst, 0xee, count * es + 1);
+    T_RUN(slime_reduce_scatter_ptrs(comm, count ? blocks : NULL, count ? dst : NULL, count, dt, op, &q_));
+    t_check_reduced("reduce_scatter_ptrs", dt, op, r->nranks, dst, (size_t)r->rank * count, count);
+    H_CHECK_BYTES(dst + count * es, 1, 0xee);
+    for (size_t b = 0; b < n; b++) {
+        H_CHECK(memcmp(own[b], copy + b * count * es, count * es) == 0); /* blocks are left alone */
+        free(own[b]);
+    }
     free(copy);
     free(src);
     free(dst);

@@ -45,6 +45,22 @@ def _(env):
         dist.all_gather(got, x)
         for g, r in zip(got, ref):
             same(g.contiguous(), r)
+        # Contiguous outputs are written in place, here slices of one
+        # tensor in reverse order, the input being this rank's own slice.
+        flat = torch.zeros(env.size * 3, 4, dtype=dtype)
+        got = list(reversed(flat.chunk(env.size)))
+        got[env.rank].copy_(x)
+        dist.all_gather(got, got[env.rank])
+        for g, r in zip(got, ref):
+            same(g, r)
+        # An input that is another rank's slot goes from a copy.
+        other = (env.rank + 1) % env.size
+        if env.size > 1:
+            got = [torch.zeros(3, 4, dtype=dtype) for _ in range(env.size)]
+            got[other].copy_(x)
+            dist.all_gather(got, got[other])
+            for g, r in zip(got, ref):
+                same(g, r)
 
 
 @case("all_gather_into_tensor")

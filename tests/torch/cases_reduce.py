@@ -118,6 +118,12 @@ def _(env):
         got = torch.empty(2, 5, dtype=dtype)
         dist.reduce_scatter(got, xs, op=op)
         same(got, ref, exact_for(dtype, "MAX" if op == R.MAX else "SUM", env.size))
+        # Inputs are read in place: a non-contiguous one goes through a
+        # copy, and the output may be one of the inputs.
+        ins = [x.clone() for x in xs]
+        ins[0] = xs[0].t().contiguous().t()
+        dist.reduce_scatter(ins[env.rank], ins, op=op)
+        same(ins[env.rank], ref, exact_for(dtype, "MAX" if op == R.MAX else "SUM", env.size))
 
 
 @case("reduce_scatter_tensor")

@@ -490,6 +490,18 @@ SLIME_API slime_status_t slime_reduce(slime_comm_t *comm, void *buf,
 SLIME_API slime_status_t slime_allgather(slime_comm_t *comm, const void *src,
                                          size_t bytes, void *dst,
                                          slime_req_t **out);
+/* As slime_allgather, with a buffer of its own per block: block r (rank
+ * r's src, bytes) lands in dst_blocks[r], which may lie anywhere (a list
+ * of tensors, no flat staging).  The caller keeps owning src and every
+ * block, which must stay valid and untouched until the request
+ * completes; the array itself is copied.  src may be dst_blocks[rank]
+ * (in place); blocks must not overlap each other.  SLIME_ERR_INVAL for
+ * a NULL src, array or block while bytes > 0 (all are ignored when
+ * bytes is 0), or size * bytes overflowing. */
+SLIME_API slime_status_t slime_allgather_ptrs(slime_comm_t *comm,
+                                              const void *src, size_t bytes,
+                                              void *const *dst_blocks,
+                                              slime_req_t **out);
 /* Root's dst (size * bytes) gets every rank's src in rank order; dst is
  * ignored elsewhere. */
 SLIME_API slime_status_t slime_gather(slime_comm_t *comm, const void *src,
@@ -507,6 +519,18 @@ SLIME_API slime_status_t slime_reduce_scatter(slime_comm_t *comm,
                                               slime_dtype_t dtype,
                                               slime_redop_t op,
                                               slime_req_t **out);
+/* As slime_reduce_scatter, with a buffer of its own per block:
+ * src_blocks[b] holds this rank's block b (count elements) and may lie
+ * anywhere (a list of tensors, no flat staging).  The blocks are only
+ * read; the caller keeps owning them and dst, all valid until the
+ * request completes; the array itself is copied.  dst must not overlap
+ * any block (it holds partial sums while they are still read).
+ * SLIME_ERR_INVAL for a NULL dst, array or block while count > 0 (all
+ * are ignored when count is 0) or size * count elements overflowing;
+ * SLIME_ERR_UNSUPPORTED as for slime_reduce_scatter. */
+SLIME_API slime_status_t slime_reduce_scatter_ptrs(
+    slime_comm_t *comm, const void *const *src_blocks, void *dst,
+    size_t count, slime_dtype_t dtype, slime_redop_t op, slime_req_t **out);
 /* Rank r sends send_bytes[p] bytes at src + send_offs[p] to every rank p
  * and receives recv_bytes[p] bytes from p at dst + recv_offs[p].  The four
  * arrays (size entries each) are copied. */
