@@ -37,14 +37,22 @@ static bool reduce_scatter_exec(coll_run_t *r, const coll_op_t *op) {
     return ring_run(r, &p);
 }
 
-slime_status_t slime_reduce_scatter_ptrs(slime_comm_t *comm, const void *const *src_blocks, void *dst,
-                                         size_t count, slime_dtype_t dtype, slime_redop_t op, slime_req_t **out) {
+/* The checks both entry points share: the communicator, the output
+ * request, dtype x op, and n x count elements fitting in memory. */
+static slime_status_t reduce_scatter_check(slime_comm_t *comm, slime_req_t **out, size_t count,
+                                           slime_dtype_t dtype, slime_redop_t op) {
     slime_status_t st = coll_check(comm, out, "reduce_scatter", false, 0);
     if (st == SLIME_OK) st = coll_check_reduce("reduce_scatter", dtype, op);
     if (st != SLIME_OK) return st;
-    size_t es = slime_dtype_size(dtype);
-    if (count > SIZE_MAX / es / (size_t)comm->size)
+    if (count > SIZE_MAX / slime_dtype_size(dtype) / (size_t)comm->size)
         return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: %d x %zu elements overflow", comm->size, count);
+    return SLIME_OK;
+}
+
+slime_status_t slime_reduce_scatter_ptrs(slime_comm_t *comm, const void *const *src_blocks, void *dst,
+                                         size_t count, slime_dtype_t dtype, slime_redop_t op, slime_req_t **out) {
+    slime_status_t st = reduce_scatter_check(comm, out, count, dtype, op);
+    if (st != SLIME_OK) return st;
     if (count && !dst) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL dst buffer with %zu elements", count);
     if (count && !src_blocks) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL src block array");
     const int n = comm->size;
@@ -65,12 +73,9 @@ slime_status_t slime_reduce_scatter_ptrs(slime_comm_t *comm, const void *const *
 
 slime_status_t slime_reduce_scatter(slime_comm_t *comm, const void *src, void *dst, size_t count,
                                     slime_dtype_t dtype, slime_redop_t op, slime_req_t **out) {
-    slime_status_t st = coll_check(comm, out, "reduce_scatter", false, 0);
-    if (st == SLIME_OK) st = coll_check_reduce("reduce_scatter", dtype, op);
+    slime_status_t st = reduce_scatter_check(comm, out, count, dtype, op);
     if (st != SLIME_OK) return st;
     size_t es = slime_dtype_size(dtype);
-    if (count > SIZE_MAX / es / (size_t)comm->size)
-        return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: %d x %zu elements overflow", comm->size, count);
     if (count && !src) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL src buffer with %zu elements", count);
     /* the same collective with each block's address spelled out */
     const int n = comm->size;

@@ -56,3 +56,14 @@ void slime_py_hold_release(slime_py_hold_t *hold)
     PyMem_Free(hold->descs);
     PyMem_Free(hold);
 }
+
+void slime_py_hold_observe(slime_status_t *final, slime_py_hold_t **hold,
+                           slime_status_t st)
+{
+    if (st == SLIME_INPROGRESS || *final != SLIME_INPROGRESS)
+        return;
+    *final = st;
+    slime_py_hold_t *h = *hold;
+    *hold = NULL;
+    slime_py_hold_release(h);
+}

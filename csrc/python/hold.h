@@ -47,4 +47,10 @@ const slime_mr_desc_t *slime_py_hold_add_desc(slime_py_hold_t *hold,
 /* Releases everything and frees the hold; NULL is fine. GIL required. */
 void slime_py_hold_release(slime_py_hold_t *hold);
 
+/* A request object has seen status st: the first final one is recorded
+ * in *final (SLIME_INPROGRESS until then) and the request's hold is
+ * released.  GIL required. */
+void slime_py_hold_observe(slime_status_t *final, slime_py_hold_t **hold,
+                           slime_status_t st);
+
 #endif /* SLIME_PY_HOLD_H */

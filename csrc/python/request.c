@@ -111,12 +111,7 @@ static slime_status_t wait_slices(SlimeRequestObject *const *objs,
  * request's memory. */
 static void observe(SlimeRequestObject *self, slime_status_t st)
 {
-    if (st == SLIME_INPROGRESS || self->final != SLIME_INPROGRESS)
-        return;
-    self->final = st;
-    slime_py_hold_t *hold = self->hold;
-    self->hold = NULL;
-    slime_py_hold_release(hold);
+    slime_py_hold_observe(&self->final, &self->hold, st);
 }
 
 /* A malloc'd copy of the request's error text, or NULL.  Copied while

@@ -666,12 +666,7 @@ PyTypeObject SlimeRpcClient_Type = {
 
 static void rreq_observe(RpcRequestObject *self, slime_status_t st)
 {
-    if (st == SLIME_INPROGRESS || self->final != SLIME_INPROGRESS)
-        return;
-    self->final = st;
-    slime_py_hold_t *hold = self->hold;
-    self->hold = NULL;
-    slime_py_hold_release(hold);
+    slime_py_hold_observe(&self->final, &self->hold, st);
 }
 
 static PyObject *rreq_raise(RpcRequestObject *self)
