@@ -36,12 +36,10 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import multiprocessing
 import statistics
 import sys
 import time
 import traceback
-from multiprocessing import connection as mp_connection
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +47,7 @@ for path in (REPO, REPO / "bench"):
     if str(path) not in sys.path:   # this checkout's dlslime_torch, not an installed one
         sys.path.insert(0, str(path))
 
-from torch_dist_bench import MiB, fmt_gbps, human, parse_size  # noqa: E402
+from torch_dist_bench import MiB, fmt_gbps, human, parse_size, spawn_ranks  # noqa: E402
 
 METHODS = ("read", "write", "read_b64", "write_b64", "send_recv", "memcpy")
 ONE_SIDED = ("read", "write", "read_b64", "write_b64")
@@ -262,41 +260,8 @@ def rank_main(rank, port, cfg, env, conn):
 # ------------------------------------------------------------------ parent
 
 def run_pair(cfg, deadline_s):
-    import torch.distributed as dist
-    mp = multiprocessing.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=WAIT_S))
     env = {"DLSLIME_TRANSPORT": cfg["transport"]} if cfg["transport"] != "auto" else {}
-    procs, conns = [], []
-    for rank in range(2):
-        parent, child = mp.Pipe(duplex=False)
-        p = mp.Process(target=rank_main, args=(rank, store.port, cfg, env, child))
-        p.start()
-        child.close()
-        procs.append(p)
-        conns.append(parent)
-    rows, errors, pending = [], [], {c: r for r, c in enumerate(conns)}
-    end = time.monotonic() + deadline_s
-    while pending and time.monotonic() < end:
-        for c in mp_connection.wait(list(pending), timeout=max(0, end - time.monotonic())):
-            rank = pending.pop(c)
-            try:
-                kind, value = c.recv()
-            except EOFError:
-                errors.append(f"rank {rank} died (exit code {procs[rank].exitcode})")
-                continue
-            if kind == "error":
-                errors.append(f"rank {rank} raised:\n{value}")
-            elif rank == 0:
-                rows = value
-        if errors:
-            end = min(end, time.monotonic() + 30)
-    errors += [f"rank {r}: still running at the deadline; killed" for r in pending.values()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-        p.join(5)
-    return rows, errors
+    return spawn_ranks(2, rank_main, (cfg, env), deadline_s)
 
 
 def add_ratios(rows):

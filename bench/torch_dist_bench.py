@@ -408,7 +408,7 @@ def progress_line(world, op, size, rows):
     return "  ".join(parts)
 
 
-def worker_main(rank, world, port, cfg, conn):
+def worker_main(rank, port, world, cfg, conn):
     try:
         import torch
         import torch.distributed as dist
@@ -426,9 +426,13 @@ def worker_main(rank, world, port, cfg, conn):
 
 # ------------------------------------------------------------------ parent side
 
-def run_job(world, cfg, deadline_s):
-    """Runs every point on `world` ranks; returns rank 0's rows (and the
-    errors of ranks that failed as a whole)."""
+def spawn_ranks(world, target, args, deadline_s):
+    """Starts `world` spawned processes meeting through a TCPStore on
+    127.0.0.1, each running target(rank, store_port, *args, conn), where
+    conn takes one ("done", value) or ("error", traceback).  Returns rank
+    0's value (or [] if it sent none) and the errors of the ranks that
+    failed, died or outlived the deadline (killed).  Shared by the
+    benchmarks that run ranks of their own (rdma_bench.py too)."""
     import torch.distributed as dist
     mp = multiprocessing.get_context("spawn")
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
@@ -436,8 +440,8 @@ def run_job(world, cfg, deadline_s):
     procs, conns = [], []
     for rank in range(world):
         parent_end, child_end = mp.Pipe(duplex=False)
-        p = mp.Process(target=worker_main, name=f"bench-rank{rank}",
-                       args=(rank, world, store.port, cfg, child_end))
+        p = mp.Process(target=target, name=f"bench-rank{rank}",
+                       args=(rank, store.port, *args, child_end))
         p.start()
         child_end.close()
         procs.append(p)
@@ -446,7 +450,7 @@ def run_job(world, cfg, deadline_s):
     pending = {c: r for r, c in enumerate(conns)}
     end = time.monotonic() + deadline_s
     while pending and time.monotonic() < end:
-        for c in mp_connection.wait(list(pending), timeout=end - time.monotonic()):
+        for c in mp_connection.wait(list(pending), timeout=max(0, end - time.monotonic())):
             rank = pending.pop(c)
             try:
                 kind, value = c.recv()
@@ -467,6 +471,12 @@ def run_job(world, cfg, deadline_s):
             p.kill()
         p.join(5)
     return rows, errors
+
+
+def run_job(world, cfg, deadline_s):
+    """Runs every point on `world` ranks; returns rank 0's rows (and the
+    errors of ranks that failed as a whole)."""
+    return spawn_ranks(world, worker_main, (world, cfg), deadline_s)
 
 
 def add_ratios(rows):
