@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include "errors.h"
+#include "watched_allocator.h"
 
 namespace dlslime_shim {
 
@@ -58,6 +59,7 @@ BackendDlslime::BackendDlslime(int rank, int size, slime_ctx_t* ctx,
   TORCH_CHECK(timeout.count() > 0, "dlslime: process group '", group_name_,
               "': the timeout must be positive, got ", timeout.count(),
               " ms");
+  watch_cpu_allocator();
   std::lock_guard<std::mutex> registry_lock(registry_mutex());
   auto taken = registry().find(comm_id);
   TORCH_CHECK(taken == registry().end(), "dlslime: comm id ", comm_id,

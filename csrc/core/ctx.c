@@ -11,6 +11,7 @@
 #include "core/internal.h"
 #include "transport/transport.h"
 #include "transport/verbs.h"
+#include "transport/verbs.h"
 
 void slime_ctx_opts_init(slime_ctx_opts_t *opts) {
     if (opts) memset(opts, 0, sizeof *opts);
@@ -195,3 +196,5 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
 }
 
 uint64_t slime_ctx_id(const slime_ctx_t *ctx) { return ctx ? ctx->id : 0; }
+
+uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which) { return ctx ? verbs_counter(ctx, which) : 0; }

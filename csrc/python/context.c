@@ -268,6 +268,16 @@ static PyObject *context_address(SlimeContextObject *self, PyObject *Py_UNUSED(i
     return PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
 }
 
+static PyObject *context_counter(SlimeContextObject *self, PyObject *arg)
+{
+    if (!self->ctx)
+        return slime_py_raise_closed();
+    long which = PyLong_AsLong(arg);
+    if (which == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromUnsignedLongLong(slime_ctx_counter(self->ctx, (slime_counter_t)which));
+}
+
 static PyObject *context_connect(SlimeContextObject *self, PyObject *args,
                                  PyObject *kwargs)
 {
@@ -427,6 +437,9 @@ static PyObject *context_repr(SlimeContextObject *self)
 static PyMethodDef context_methods[] = {
     {"address", (PyCFunction)context_address, METH_NOARGS,
      "address() -> bytes: the blob peers pass to connect()."},
+    {"counter", (PyCFunction)context_counter, METH_O,
+     "counter(which) -> the context's count (COUNTER_*: registrations of "
+     "send/recv buffers, and those reused)"},
     {"connect", (PyCFunction)(void (*)(void))context_connect,
      METH_VARARGS | METH_KEYWORDS,
      "connect(addr, timeout_ms=30000) -> Endpoint to the peer of that "

@@ -42,6 +42,41 @@ static PyObject *module_status_name(PyObject *module, PyObject *arg)
     return PyUnicode_FromString(slime_status_name(st));
 }
 
+/* Addresses are plain integers here (tensor.data_ptr()), as in the
+ * allocator hooks that call these. */
+static PyObject *module_mem_watch(PyObject *module, PyObject *args)
+{
+    (void)module;
+    unsigned long long addr, len;
+    if (!PyArg_ParseTuple(args, "KK:mem_watch", &addr, &len))
+        return NULL;
+    slime_status_t st = slime_mem_watch((void *)(uintptr_t)addr, (size_t)len);
+    if (st != SLIME_OK)
+        return slime_py_raise_last(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *module_mem_unwatch(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
+    if (addr == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    slime_status_t st = slime_mem_unwatch((void *)(uintptr_t)addr);
+    if (st != SLIME_OK)
+        return slime_py_raise_last(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *module_mem_watched(PyObject *module, PyObject *args)
+{
+    (void)module;
+    unsigned long long addr, len;
+    if (!PyArg_ParseTuple(args, "KK:mem_watched", &addr, &len))
+        return NULL;
+    return PyBool_FromLong(slime_mem_watched((const void *)(uintptr_t)addr, (size_t)len));
+}
+
 static PyMethodDef module_methods[] = {
     {"wait_all", (PyCFunction)(void (*)(void))slime_py_wait_all,
      METH_VARARGS | METH_KEYWORDS,
@@ -53,6 +88,15 @@ static PyMethodDef module_methods[] = {
     {"strerror", module_strerror, METH_O, "strerror(status) -> short text"},
     {"status_name", module_status_name, METH_O,
      "status_name(status) -> enum name ('SLIME_ERR_PEER_LOST')"},
+    {"mem_watch", module_mem_watch, METH_VARARGS,
+     "mem_watch(addr, len): promises mem_unwatch(addr) before that memory "
+     "is freed or remapped, so registrations inside it may be kept "
+     "(slime_mem_watch)."},
+    {"mem_unwatch", module_mem_unwatch, METH_O,
+     "mem_unwatch(addr): ends the watch starting at addr."},
+    {"mem_watched", module_mem_watched, METH_VARARGS,
+     "mem_watched(addr, len) -> whether [addr, addr+len) is inside one "
+     "watched range."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -90,6 +134,8 @@ static const int_constant_t int_constants[] = {
     {"WIRE_VERSION", SLIME_WIRE_VERSION},
     {"ADDRESS_MAX", SLIME_ADDRESS_MAX},
     {"DESC_SIZE", sizeof(((slime_mr_desc_t *)0)->bytes)},
+    {"COUNTER_BUF_REGISTRATIONS", SLIME_COUNTER_BUF_REGISTRATIONS},
+    {"COUNTER_BUF_REG_REUSED", SLIME_COUNTER_BUF_REG_REUSED},
 };
 
 static int add_types(PyObject *module)

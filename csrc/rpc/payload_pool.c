@@ -6,7 +6,9 @@
  * payload of POOL_MIN bytes or more comes from here and goes back here
  * when freed; a few idle buffers (DLSLIME_RPC_POOL_MB, 256 MiB by
  * default) stay faulted in for the next call.  slime_rpc_mem_free takes
- * any pointer the RPC layer handed out, pooled or not. */
+ * any pointer the RPC layer handed out, pooled or not.  Pooled buffers
+ * are watched (slime_mem_watch) from malloc to free, so transports that
+ * register send/recv buffers (verbs) keep their registrations too. */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -41,6 +43,12 @@ static bool lend_locked(void *p, size_t cap) {
     return true;
 }
 
+/* A pooled buffer goes back to malloc: end its watch first. */
+static void release(void *p) {
+    (void)slime_mem_unwatch(p);
+    free(p);
+}
+
 void *rpc_mem_alloc(size_t len) {
     if (len < POOL_MIN) return malloc(len ? len : 1);
     pthread_mutex_lock(&pool_mu);
@@ -68,6 +76,7 @@ void *rpc_mem_alloc(size_t len) {
         free(p);
         return NULL;
     }
+    (void)slime_mem_watch(p, cap); /* only an optimisation: fine if it fails */
     return p;
 }
 
@@ -98,5 +107,5 @@ void slime_rpc_mem_free(void *p) {
         idle_bytes += b.cap;
     }
     pthread_mutex_unlock(&pool_mu);
-    for (size_t k = 0; k < n_evicted; k++) free(evicted[k]);
+    for (size_t k = 0; k < n_evicted; k++) release(evicted[k]);
 }

@@ -28,4 +28,7 @@ void verbs_mr_bind(slime_ctx_t *ctx, const slime_mr_t *mr);
 void verbs_mr_revoke(slime_ctx_t *ctx, const slime_mr_t *mr);
 void verbs_mr_unreg(slime_mr_t *mr);
 
+/* slime_ctx_counter's verbs counters (0 without a device). */
+uint64_t verbs_counter(const slime_ctx_t *ctx, slime_counter_t which);
+
 #endif

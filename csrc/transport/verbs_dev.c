@@ -310,6 +310,10 @@ const char *verbs_async_why(verbs_conn_t *c) {
     return NULL;
 }
 
+uint64_t verbs_counter(const slime_ctx_t *ctx, slime_counter_t which) {
+    return ctx->verbs ? regcache_counter(ctx->verbs->cache, which) : 0;
+}
+
 void verbs_close(slime_ctx_t *ctx) {
     verbs_dev_t *d = ctx->verbs;
     if (!d) return;

@@ -266,6 +266,7 @@ void regcache_free(regcache_t *rc);
  * set if none can be had. */
 regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, size_t new_min, const char **why);
 void regcache_put(regcache_t *rc, regent_t *e);
+uint64_t regcache_counter(const regcache_t *rc, slime_counter_t which);
 uint32_t regent_lkey(const regent_t *e);
 uint32_t regent_rkey(const regent_t *e);
 

@@ -3,26 +3,35 @@
  * A buffer inside one of the user's registered regions uses that
  * region's registration: no cost, and safe, since the user keeps such
  * memory mapped until slime_mr_dereg (we hold a local use on the region
- * meanwhile, so it cannot be deregistered under us).  That is the cache
- * for buffers used again and again (an RPC layer's pool, a backend's
- * staging buffers): register them once.
+ * meanwhile, so it cannot be deregistered under us).
  *
- * Any other buffer is registered page-aligned for the one transfer and
- * deregistered after it.  Keeping those registrations (an LRU keyed by
- * address) is only correct while the application never unmaps a cached
- * buffer and maps new memory at the same address: the registration would
- * still point at the old pages and the peer would read stale bytes.  Without
- * memory hooks (or on-demand paging) nothing can see that happen, and it
- * does happen (malloc'd large buffers are mmap'd, freed and mapped again at
- * the same address; our own tests do it), so that LRU is opt-in:
- * $DLSLIME_VERBS_REGCACHE=1, bounded by $DLSLIME_VERBS_REGCACHE_MB
- * (default 1024).  Entries in use are never evicted. */
+ * Any other buffer is registered page-aligned for the transfer.  Keeping
+ * that registration for the next transfer from the same buffer is only
+ * correct while the memory is not unmapped and mapped anew at the same
+ * address (the registration would still point at the old pages and the
+ * peer would read stale bytes), and nothing sees that happen without
+ * memory hooks.  So registrations are kept only inside watched memory
+ * (slime_mem_watch: the allocator promises an unwatch first, which drops
+ * them; torch's CPU allocator under the backend and the RPC payload pool
+ * do that), in an LRU bounded by $DLSLIME_VERBS_REGCACHE_MB (default
+ * 1024) and CACHE_MAX_ENTRIES; $DLSLIME_VERBS_REGCACHE=0 keeps none.
+ * Other buffers are deregistered after their transfer.  Entries in use
+ * are never freed; one whose memory is unwatched meanwhile leaves the
+ * cache and is freed by its last user.
+ *
+ * Locking: get/put run under ctx->lock; the unwatch notice comes from any
+ * thread.  rc->mu guards the LRU and entries' refs; the watched check and
+ * the insertion happen under it, so the notice (which takes rc->mu after
+ * the range left the watched set) always sees what it must drop. */
 #ifdef SLIME_HAVE_VERBS
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/memwatch.h"
 #include "transport/verbs_internal.h"
 
 #define CACHE_MAX_ENTRIES 256
@@ -40,10 +49,12 @@ struct regent {
 
 struct regcache {
     verbs_dev_t *dev;
+    pthread_mutex_t mu;
     slime_list_t lru;
     size_t bytes, max_bytes;
     unsigned n;
-    bool enabled;
+    bool enabled, subscribed;
+    atomic_uint_fast64_t registrations, reused; /* slime_ctx_counter */
 };
 
 static void push_front(slime_list_t *h, slime_list_t *n) {
@@ -53,14 +64,19 @@ static void push_front(slime_list_t *h, slime_list_t *n) {
     h->next = n;
 }
 
+static void on_unwatch(void *arg, uintptr_t start, uintptr_t end);
+
 regcache_t *regcache_new(verbs_dev_t *dev) {
     regcache_t *rc = calloc(1, sizeof *rc);
     if (!rc) return NULL;
     rc->dev = dev;
+    pthread_mutex_init(&rc->mu, NULL);
     list_init(&rc->lru);
     const char *on = getenv("DLSLIME_VERBS_REGCACHE");
-    rc->enabled = on && on[0] == '1';
+    rc->enabled = !(on && on[0] == '0');
     rc->max_bytes = env_size("DLSLIME_VERBS_REGCACHE_MB", 1024) << 20;
+    /* without the notices nothing may be kept */
+    if (rc->enabled) rc->enabled = rc->subscribed = memwatch_subscribe(on_unwatch, rc);
     return rc;
 }
 
@@ -83,9 +99,46 @@ static void evict(regcache_t *rc) {
     }
 }
 
+/* Under rc->mu: the entry leaves the cache; freed now if unused, else by
+ * its last regcache_put. */
+static void uncache(regcache_t *rc, regent_t *e) {
+    if (e->refs) {
+        list_del(&e->link);
+        list_init(&e->link);
+        e->cached = false;
+        rc->bytes -= e->end - e->start;
+        rc->n--;
+    } else {
+        entry_free(rc, e);
+    }
+}
+
+static void on_unwatch(void *arg, uintptr_t start, uintptr_t end) {
+    regcache_t *rc = arg;
+    pthread_mutex_lock(&rc->mu);
+    slime_list_t *pos = rc->lru.next;
+    while (pos != &rc->lru) {
+        regent_t *e = container_of(pos, regent_t, link);
+        pos = pos->next;
+        if (e->start < end && start < e->end) uncache(rc, e);
+    }
+    pthread_mutex_unlock(&rc->mu);
+}
+
+uint64_t regcache_counter(const regcache_t *rc, slime_counter_t which) {
+    if (!rc) return 0;
+    switch (which) {
+    case SLIME_COUNTER_BUF_REGISTRATIONS: return atomic_load(&((regcache_t *)rc)->registrations);
+    case SLIME_COUNTER_BUF_REG_REUSED: return atomic_load(&((regcache_t *)rc)->reused);
+    }
+    return 0;
+}
+
 void regcache_free(regcache_t *rc) {
     if (!rc) return;
+    if (rc->subscribed) memwatch_unsubscribe(on_unwatch, rc);
     while (!list_empty(&rc->lru)) entry_free(rc, container_of(rc->lru.next, regent_t, link));
+    pthread_mutex_destroy(&rc->mu);
     free(rc);
 }
 
@@ -112,6 +165,20 @@ static regent_t *from_user_region(slime_ctx_t *ctx, uintptr_t a, size_t len, int
     return NULL;
 }
 
+/* Under rc->mu: a kept registration covering [a, a+len) with access. */
+static regent_t *cached_lookup(regcache_t *rc, uintptr_t a, size_t len, int access) {
+    slime_list_t *pos;
+    for (pos = rc->lru.next; pos != &rc->lru; pos = pos->next) {
+        regent_t *e = container_of(pos, regent_t, link);
+        if (a < e->start || a + len > e->end || (e->access & access) != access) continue;
+        list_del(&e->link);
+        push_front(&rc->lru, &e->link);
+        e->refs++;
+        return e;
+    }
+    return NULL;
+}
+
 regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, size_t new_min, const char **why) {
     regcache_t *rc = ctx->verbs->cache;
     uintptr_t a = (uintptr_t)addr;
@@ -121,14 +188,14 @@ regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, siz
         *why = "too small to be worth a registration";
         return NULL;
     }
-    slime_list_t *pos;
-    for (pos = rc->lru.next; pos != &rc->lru; pos = pos->next) {
-        e = container_of(pos, regent_t, link);
-        if (a < e->start || a + len > e->end || (e->access & access) != access) continue;
-        list_del(&e->link);
-        push_front(&rc->lru, &e->link);
-        e->refs++;
-        return e;
+    if (rc->enabled) {
+        pthread_mutex_lock(&rc->mu);
+        e = cached_lookup(rc, a, len, access);
+        pthread_mutex_unlock(&rc->mu);
+        if (e) {
+            atomic_fetch_add(&rc->reused, 1);
+            return e;
+        }
     }
     uintptr_t start = a & ~(uintptr_t)4095, end = (a + len + 4095) & ~(uintptr_t)4095;
     int want = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
@@ -146,6 +213,7 @@ regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, siz
         *why = "out of memory";
         return NULL;
     }
+    atomic_fetch_add(&rc->registrations, 1);
     e->start = start;
     e->end = end;
     e->mr = mr;
@@ -154,12 +222,17 @@ regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, siz
     e->lkey = mr->lkey;
     e->rkey = mr->rkey;
     list_init(&e->link);
+    /* the buffer, not the rounded pages: those may belong to others */
     if (rc->enabled) {
-        e->cached = true;
-        push_front(&rc->lru, &e->link);
-        rc->bytes += end - start;
-        rc->n++;
-        evict(rc);
+        pthread_mutex_lock(&rc->mu);
+        if (slime_mem_watched(addr, len)) {
+            e->cached = true;
+            push_front(&rc->lru, &e->link);
+            rc->bytes += end - start;
+            rc->n++;
+            evict(rc);
+        }
+        pthread_mutex_unlock(&rc->mu);
     }
     return e;
 }
@@ -170,9 +243,12 @@ void regcache_put(regcache_t *rc, regent_t *e) {
         free(e);
         return;
     }
-    if (--e->refs) return;
-    if (!e->cached) entry_free(rc, e);
-    else evict(rc);
+    pthread_mutex_lock(&rc->mu);
+    if (--e->refs == 0) {
+        if (!e->cached) entry_free(rc, e);
+        else evict(rc);
+    }
+    pthread_mutex_unlock(&rc->mu);
 }
 
 uint32_t regent_lkey(const regent_t *e) { return e->lkey; }

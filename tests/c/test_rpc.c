@@ -69,6 +69,10 @@ static void *server_thread(void *p)
         slime_status_t st = slime_rpc_server_next(a->srv, H_WAIT_MS, &call);
         if (st == SLIME_ERR_CLOSED)
             return NULL;
+        /* idle while another thread serves a long call: the client's
+         * waits (and the case's alarm) catch a request that never comes */
+        if (st == SLIME_ERR_TIMEOUT)
+            continue;
         H_CHECK_OK(st);
         serve_call(call);
         atomic_fetch_add(&a->served, 1);
@@ -178,7 +182,9 @@ static void case_many(h_rank_t *r)
         slime_rpc_mem_free(mem);
         free(msgs[i]);
     }
-    const size_t big = 256u << 20;
+    /* no size cap: 256 MiB in one call; 64 MiB on verbs, whose emulated
+     * devices (the soft-RoCE VM) take half a minute for the larger echo */
+    const size_t big = strcmp(h_transport(), "verbs") == 0 ? 64u << 20 : 256u << 20;
     uint8_t *msg = h_alloc(big);
     h_fill(msg, big, 7, 0);
     slime_rpc_req_t *req = NULL;

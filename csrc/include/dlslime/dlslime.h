@@ -142,6 +142,17 @@ SLIME_API slime_status_t slime_ctx_address(slime_ctx_t *ctx, void *buf,
 /* A random 64-bit id, unique per context; part of the address. */
 SLIME_API uint64_t slime_ctx_id(const slime_ctx_t *ctx);
 
+/* What a context counts, for tests and tuning. */
+typedef enum slime_counter {
+    /* send/recv buffers outside user regions registered with the device
+     * (verbs; 0 elsewhere) */
+    SLIME_COUNTER_BUF_REGISTRATIONS = 0,
+    /* ... and those that reused a registration kept from before */
+    SLIME_COUNTER_BUF_REG_REUSED = 1,
+} slime_counter_t;
+/* The counter's value; 0 for an unknown counter. */
+SLIME_API uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which);
+
 /* ------------------------------------------------------------------ */
 /* Endpoints                                                           */
 /* ------------------------------------------------------------------ */
@@ -208,6 +219,25 @@ SLIME_API slime_status_t slime_mem_alloc(size_t len, void **out);
  * while regions registered inside it are still registered;
  * SLIME_ERR_INVAL for any other address. */
 SLIME_API slime_status_t slime_mem_free(void *addr);
+
+/* Watched memory: a promise that lets send/recv keep registrations.
+ *
+ * Transports that must register a buffer before the hardware may touch
+ * it (verbs) register send/recv buffers outside user regions for each
+ * large message.  Keeping those registrations is only safe while the
+ * memory stays mapped: memory freed and mapped again at the same address
+ * would still be registered with its old pages.  slime_mem_watch(addr,
+ * len) is the caller's promise to call slime_mem_unwatch(addr) before
+ * [addr, addr+len) is freed, unmapped or remapped; registrations inside
+ * it are then kept (up to $DLSLIME_VERBS_REGCACHE_MB per device) and
+ * dropped by the unwatch.  An allocator calls these (the torch backend
+ * wraps torch's CPU allocator; the RPC payload pool watches its blocks).
+ * Ranges must not overlap (SLIME_ERR_INVAL); len > 0. */
+SLIME_API slime_status_t slime_mem_watch(void *addr, size_t len);
+/* Ends the watch that starts at addr; SLIME_ERR_INVAL if none does. */
+SLIME_API slime_status_t slime_mem_unwatch(void *addr);
+/* Whether [addr, addr+len) lies inside one watched range. */
+SLIME_API int slime_mem_watched(const void *addr, size_t len);
 
 /* Deregisters and frees mr.  New remote accesses fail with
  * SLIME_ERR_ACCESS at once; accesses already copying finish first (the
