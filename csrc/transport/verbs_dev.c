@@ -188,6 +188,7 @@ static bool try_device(struct ibv_device *dev, int want_port, verbs_dev_t *d, ch
          * lost packet needs one (a lost peer shows on the socket first) */
         d->timeout = (uint8_t)env_clamped("DLSLIME_VERBS_TIMEOUT", 20, 1, 31);
         d->retry_cnt = (uint8_t)env_clamped("DLSLIME_VERBS_RETRY", 7, 0, 7);
+        d->stall_ns = verbs_stall_ns(d->timeout, d->retry_cnt);
         size_t need = (size_t)d->n_qps * (d->sq_depth + 2) + d->send_slots + d->recv_slots;
         if ((size_t)da.max_cqe < need || (uint32_t)da.max_qp_wr < d->sq_depth + d->send_slots + 2) {
             append(why, whylen, "; %s: queues too small (max_cqe %d, max_qp_wr %d)", d->name, da.max_cqe,

@@ -84,6 +84,7 @@ typedef struct verbs_dev {
     uint32_t sq_depth;          /* RDMA work requests in flight per QP */
     size_t rndv_min;            /* smaller messages outside user regions go by the stream */
     uint8_t timeout, retry_cnt; /* RC ack timeout (4.096 us * 2^t), retries */
+    uint64_t stall_ns;          /* verbs_watchdog.c; 0: never */
     char desc[160];
     bool forced;                /* DLSLIME_TRANSPORT=verbs: failures are errors */
     /* the verbs rkey of each MR table slot, for the peers that ask:
@@ -199,6 +200,7 @@ struct verbs_conn {
     slime_list_t rmrs;          /* remote regions we validated (verbs_rkeys.c) */
     uint64_t *peer_pins;        /* bitmap: MR slots of ours the peer validated */
     slime_list_t offers;        /* rendezvous buffers exposed to the peer */
+    uint64_t quiet_since_ns;    /* last completion, or the post that ended an idle spell */
     char desc[256];
 };
 
@@ -228,6 +230,16 @@ void vconn_ctrl_free(verbs_conn_t *c);
 bool vconn_poll(slime_ep_t *ep);
 /* Fails the endpoint from a completion or post error. */
 void vconn_fail(slime_ep_t *ep, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- the stall watchdog (verbs_watchdog.c) ---- */
+/* The device's stall limit from $DLSLIME_VERBS_STALL_MS, else a default
+ * beyond the RC retries' own limit. */
+uint64_t verbs_stall_ns(uint8_t timeout, uint8_t retry_cnt);
+/* Before each send-queue post: an idle conn starts its clock. */
+void vconn_will_post(verbs_conn_t *c);
+/* Fails the endpoint if work requests have waited too long with no
+ * completion at all; false if the ep failed. */
+bool vconn_watch(slime_ep_t *ep);
 
 /* ---- one-sided ops (verbs_rma.c) ---- */
 vop_t *vop_new(verbs_conn_t *c, enum vop_role role, slime_req_t *req);

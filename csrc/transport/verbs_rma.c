@@ -96,6 +96,7 @@ static bool post_wr(slime_ep_t *ep, int q, vop_t *op, enum ibv_wr_opcode opcode,
     };
     if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM) wr.imm_data = htonl(op->imm);
     struct ibv_send_wr *bad;
+    vconn_will_post(c);
     int e = ibv_post_send(c->qp[q], &wr, &bad);
     if (e) {
         vconn_fail(ep, "ibv_post_send of an RDMA %s on QP %d: %s", op->is_read ? "read" : "write", q, strerror(e));

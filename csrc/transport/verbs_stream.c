@@ -69,6 +69,7 @@ static uint32_t take_returns(verbs_conn_t *c) {
 static bool post_send(slime_ep_t *ep, struct ibv_send_wr *wr) {
     verbs_conn_t *c = ep->conn;
     struct ibv_send_wr *bad;
+    vconn_will_post(c);
     int e = ibv_post_send(c->qp[0], wr, &bad);
     if (e) {
         vconn_fail(ep, "ibv_post_send on QP 0: %s", strerror(e));
@@ -331,6 +332,7 @@ bool vconn_poll(slime_ep_t *ep) {
             vconn_fail(ep, "ibv_poll_cq failed");
             return false;
         }
+        if (n > 0) c->quiet_since_ns = now_ns();
         for (int i = 0; i < n; i++)
             if (!handle_wc(ep, wc, i, n)) return false; /* the conn is gone */
         if (n < 32) break;
@@ -340,7 +342,7 @@ bool vconn_poll(slime_ep_t *ep) {
 
 bool verbs_rx_ready(slime_ep_t *ep) {
     verbs_conn_t *c = conn_of(ep);
-    if (!vconn_poll(ep)) return false;
+    if (!vconn_poll(ep) || !vconn_watch(ep)) return false;
     if (!list_empty(&c->rx_got)) return true;
     /* nobody spins on this context: the progress thread may sleep next,
      * so have the channel wake it, and look once more for what came
