@@ -40,14 +40,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allgather(
   std::vector<void*> blocks;
   for (const auto& t : outputs[0])
     blocks.push_back(data_of(staging.output(t, false)));
-  // The input may be this rank's own output (in place); one that shares
-  // memory with the outputs otherwise goes from a private copy.
-  at::Tensor src = staging.input(input);
-  bool shared = false;
-  for (const auto& t : outputs[0])
-    shared = shared || overlaps(input, t);
-  if (shared && data_of(src) != blocks[rank_])
-    src = staging.scratch(input);
+  at::Tensor src = staging.input_apart(input, outputs[0], blocks[rank_]);
   return post_collective(
       collective_spec(c10d::OpType::ALLGATHER, "dlslime:all_gather", op,
                       outputs[0], staging),
@@ -89,16 +82,20 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::gather(
   check_rank(opts.rootRank, size_, "root", op);
   int root = static_cast<int>(opts.rootRank);
   Staging staging;
-  at::Tensor src = staging.input(input);
-  at::Tensor dst;
+  at::Tensor src;
+  std::vector<void*> blocks;
   std::vector<at::Tensor> results;
   if (rank_ == root) {
     TORCH_CHECK(outputs.size() == 1, "dlslime: ", op,
                 ": the root takes one output list, got ", outputs.size());
     check_list(outputs[0], input, size_, op);
-    dst = staging.flat(outputs[0], input.scalar_type(), false, true);
+    // each output is written where it is, as in all_gather
+    for (const auto& t : outputs[0])
+      blocks.push_back(data_of(staging.output(t, false)));
+    src = staging.input_apart(input, outputs[0], blocks[rank_]);
     results = outputs[0];
   } else {
+    src = staging.input(input);
     TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                 "dlslime: ", op, ": only the root (rank ", root,
                 ") takes an output list");
@@ -107,9 +104,9 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::gather(
       collective_spec(c10d::OpType::GATHER, "dlslime:gather", op, results,
                       staging),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
-        return slime_gather(comm, data_of(src), src.nbytes(),
-                            dst.defined() ? data_of(dst) : nullptr, root,
-                            out);
+        return slime_gather_ptrs(comm, data_of(src), src.nbytes(),
+                                 blocks.empty() ? nullptr : blocks.data(),
+                                 root, out);
       });
 }
 
@@ -122,24 +119,29 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::scatter(
   check_rank(opts.rootRank, size_, "root", op);
   int root = static_cast<int>(opts.rootRank);
   Staging staging;
-  at::Tensor src;
+  at::Tensor dst = staging.output(output, false);
+  std::vector<const void*> blocks;
   if (rank_ == root) {
     TORCH_CHECK(inputs.size() == 1, "dlslime: ", op,
                 ": the root takes one input list, got ", inputs.size());
     check_list(inputs[0], output, size_, op);
-    src = staging.flat(inputs[0], output.scalar_type(), true, false);
+    // Each input is sent from where it is, except one sharing memory
+    // with the output (other than being it, in place): the root writes
+    // its own block while the others are still being sent.
+    for (const auto& t : inputs[0])
+      blocks.push_back(data_of(staging.input_apart(t, {output}, data_of(dst))));
   } else {
     TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                 "dlslime: ", op, ": only the root (rank ", root,
                 ") takes an input list");
   }
-  at::Tensor dst = staging.output(output, false);
   return post_collective(
       collective_spec(c10d::OpType::SCATTER, "dlslime:scatter", op, outputs,
                       staging),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
-        return slime_scatter(comm, src.defined() ? data_of(src) : nullptr,
-                             dst.nbytes(), data_of(dst), root, out);
+        return slime_scatter_ptrs(comm,
+                                  blocks.empty() ? nullptr : blocks.data(),
+                                  dst.nbytes(), data_of(dst), root, out);
       });
 }
 

@@ -56,6 +56,16 @@ at::Tensor Staging::scratch(const at::Tensor& t) {
   return c;
 }
 
+at::Tensor Staging::input_apart(const at::Tensor& t,
+                               const std::vector<at::Tensor>& outputs,
+                               const void* own) {
+  at::Tensor in = input(t);
+  if (data_of(in) == own) return in;
+  for (const auto& o : outputs)
+    if (overlaps(t, o)) return scratch(t);
+  return in;
+}
+
 at::Tensor Staging::flat(const std::vector<at::Tensor>& tensors,
                          at::ScalarType dtype, bool copy_in, bool copy_out) {
   int64_t total = 0;

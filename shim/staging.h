@@ -3,7 +3,8 @@
 // libdlslime takes (pointer, bytes).  A contiguous tensor is used as is;
 // any other is copied into a contiguous buffer first (inputs) and/or
 // copied back once the operation succeeded (outputs).  Lists of tensors
-// go through one flat buffer, so that one collective moves them all.
+// go to the C library block by block (the *_ptrs collectives), except
+// all_reduce_coalesced's, which one flat buffer reduces in one go.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +25,12 @@ class Staging {
   // A private contiguous copy of t, for an op that may overwrite its
   // buffer (reduce on a non-root rank) while t must stay as it was.
   at::Tensor scratch(const at::Tensor& t);
+  // input(t), or scratch(t) when t shares memory with any of outputs
+  // without being `own` (this rank's block, in place): the op writes the
+  // outputs while it may still read t.
+  at::Tensor input_apart(const at::Tensor& t,
+                         const std::vector<at::Tensor>& outputs,
+                         const void* own);
   // One flat 1-D buffer holding the tensors one after another (all of
   // dtype `dtype`), filled when copy_in.  Each tensor's slice is copied
   // back to it after success when copy_out.

@@ -38,17 +38,9 @@ slime_status_t slime_allgather_ptrs(slime_comm_t *comm, const void *src, size_t 
     if (bytes > SIZE_MAX / (size_t)comm->size)
         return slime_errorf(SLIME_ERR_INVAL, "allgather: %d x %zu bytes overflow", comm->size, bytes);
     if (bytes && !src) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL src buffer with %zu bytes", bytes);
-    if (bytes && !dst_blocks) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL dst block array");
-    const int n = comm->size;
-    for (int q = 0; bytes && q < n; q++)
-        if (!dst_blocks[q])
-            return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL dst block for rank %d with %zu bytes", q, bytes);
-    void **ptrs = NULL;
-    if (bytes) {
-        ptrs = malloc((size_t)n * sizeof *ptrs);
-        if (!ptrs) return slime_errorf(SLIME_ERR_NOMEM, "allgather: out of memory");
-        memcpy(ptrs, dst_blocks, (size_t)n * sizeof *ptrs);
-    }
+    void **ptrs;
+    st = coll_copy_blocks("allgather", "dst block", (const void *const *)dst_blocks, comm->size, bytes, "bytes", &ptrs);
+    if (st != SLIME_OK) return st;
     coll_op_t t = {.exec = allgather_exec, .name = "allgather", .src = src, .bytes = bytes, .ptrs = ptrs};
     return coll_post(comm, &t, out);
 }
@@ -61,11 +53,9 @@ slime_status_t slime_allgather(slime_comm_t *comm, const void *src, size_t bytes
         return slime_errorf(SLIME_ERR_INVAL, "allgather: %d x %zu bytes overflow", comm->size, bytes);
     if (bytes && !dst) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL dst buffer with %zu bytes", bytes);
     /* the same collective with each block's address spelled out */
-    const int n = comm->size;
-    void **blocks = malloc((size_t)n * sizeof *blocks);
-    if (!blocks) return slime_errorf(SLIME_ERR_NOMEM, "allgather: out of memory");
-    for (int q = 0; q < n; q++) blocks[q] = bytes ? (uint8_t *)dst + (size_t)q * bytes : NULL;
-    st = slime_allgather_ptrs(comm, src, bytes, blocks, out);
+    const void **blocks = coll_flat_blocks(dst, comm->size, bytes);
+    if (!blocks) return SLIME_ERR_NOMEM;
+    st = slime_allgather_ptrs(comm, src, bytes, (void *const *)blocks, out);
     free(blocks);
     return st;
 }

@@ -128,6 +128,16 @@ void *comm_scratch(slime_comm_t *comm, size_t len);
  * it cannot be had. */
 void *comm_rma_scratch(slime_comm_t *comm, size_t len, slime_mr_t **mr);
 
+/* ---- blocks.c ---- */
+/* Checks that none of the n blocks is NULL (when amount > 0) and copies
+ * the array for the op (*copy NULL when amount is 0: nothing moves).
+ * what: "dst block"; unit: "bytes" or "elements", for the error text. */
+slime_status_t coll_copy_blocks(const char *name, const char *what, const void *const *blocks, int n,
+                                size_t amount, const char *unit, void ***copy);
+/* n addresses base + q * stride (all base when base is NULL or stride
+ * 0), malloc'd; NULL with the error set when out of memory. */
+const void **coll_flat_blocks(const void *base, int n, size_t stride);
+
 /* ---- worker.c ---- */
 /* Checks the common arguments (comm, out) and the root if root_used. */
 slime_status_t coll_check(const slime_comm_t *comm, slime_req_t **out, const char *name,

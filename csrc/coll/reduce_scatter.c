@@ -54,18 +54,9 @@ slime_status_t slime_reduce_scatter_ptrs(slime_comm_t *comm, const void *const *
     slime_status_t st = reduce_scatter_check(comm, out, count, dtype, op);
     if (st != SLIME_OK) return st;
     if (count && !dst) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL dst buffer with %zu elements", count);
-    if (count && !src_blocks) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL src block array");
-    const int n = comm->size;
-    for (int q = 0; count && q < n; q++)
-        if (!src_blocks[q])
-            return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL src block for rank %d with %zu elements",
-                                q, count);
-    void **ptrs = NULL;
-    if (count) {
-        ptrs = malloc((size_t)n * sizeof *ptrs);
-        if (!ptrs) return slime_errorf(SLIME_ERR_NOMEM, "reduce_scatter: out of memory");
-        for (int q = 0; q < n; q++) ptrs[q] = (void *)(uintptr_t)src_blocks[q]; /* read only, never written */
-    }
+    void **ptrs;
+    st = coll_copy_blocks("reduce_scatter", "src block", src_blocks, comm->size, count, "elements", &ptrs);
+    if (st != SLIME_OK) return st;
     coll_op_t t = {.exec = reduce_scatter_exec, .name = "reduce_scatter", .typed = true, .dst = dst,
                    .count = count, .dtype = dtype, .redop = op, .ptrs = ptrs};
     return coll_post(comm, &t, out);
@@ -78,10 +69,8 @@ slime_status_t slime_reduce_scatter(slime_comm_t *comm, const void *src, void *d
     size_t es = slime_dtype_size(dtype);
     if (count && !src) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL src buffer with %zu elements", count);
     /* the same collective with each block's address spelled out */
-    const int n = comm->size;
-    const void **blocks = malloc((size_t)n * sizeof *blocks);
-    if (!blocks) return slime_errorf(SLIME_ERR_NOMEM, "reduce_scatter: out of memory");
-    for (int q = 0; q < n; q++) blocks[q] = count ? (const uint8_t *)src + (size_t)q * count * es : NULL;
+    const void **blocks = coll_flat_blocks(src, comm->size, count * es);
+    if (!blocks) return SLIME_ERR_NOMEM;
     st = slime_reduce_scatter_ptrs(comm, blocks, dst, count, dtype, op, out);
     free(blocks);
     return st;

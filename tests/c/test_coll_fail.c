@@ -147,6 +147,19 @@ static void bad_args(h_rank_t *r)
             slime_reduce_scatter_ptrs(comm, cblocks, NULL, 4, SLIME_DT_INT8, SLIME_RED_SUM, &q_));
     REFUSED(SLIME_ERR_UNSUPPORTED,
             slime_reduce_scatter_ptrs(comm, cblocks, buf, 4, SLIME_DT_FLOAT32, SLIME_RED_BXOR, &q_));
+    /* per-block gather / scatter: the root's blocks must be there */
+    REFUSED(SLIME_ERR_INVAL, slime_gather_ptrs(comm, buf, 4, blocks, me, &q_));
+    H_CHECK(strstr(slime_last_error(), "NULL dst block for rank") != NULL);
+    REFUSED(SLIME_ERR_INVAL, slime_gather_ptrs(comm, buf, 4, NULL, me, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_gather_ptrs(comm, NULL, 4, dsts, me, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_gather_ptrs(comm, buf, 4, dsts, n, &q_));
+    cblocks[n - 1] = NULL;
+    REFUSED(SLIME_ERR_INVAL, slime_scatter_ptrs(comm, cblocks, 4, buf, me, &q_));
+    H_CHECK(strstr(slime_last_error(), "NULL src block for rank") != NULL);
+    REFUSED(SLIME_ERR_INVAL, slime_scatter_ptrs(comm, NULL, 4, buf, me, &q_));
+    cblocks[n - 1] = dst;
+    REFUSED(SLIME_ERR_INVAL, slime_scatter_ptrs(comm, cblocks, 4, NULL, me, &q_));
+    REFUSED(SLIME_ERR_INVAL, slime_scatter_ptrs(comm, cblocks, SIZE_MAX / 2 + 1, buf, me, &q_));
     REFUSED(SLIME_ERR_INVAL, slime_barrier(NULL, &q_));
     H_CHECK_STATUS(slime_barrier(comm, NULL), SLIME_ERR_INVAL);
 

@@ -107,6 +107,44 @@ static void small_chunks(h_rank_t *r)
     broadcast(r);
 }
 
+/* slime_gather_ptrs / slime_scatter_ptrs: the root's blocks each a
+ * buffer of its own, allocated in reverse rank order, with a guard byte
+ * after each; then in place (the root's own block is its src / dst). */
+static void gather_scatter_ptrs(slime_comm_t *comm, h_rank_t *r, size_t len, size_t s, int root)
+{
+    const int n = r->nranks;
+    bool here = r->rank == root;
+    uint8_t *own[H_MAX_RANKS], *one = h_alloc(len + 1);
+    void *blocks[H_MAX_RANKS];
+    for (int k = n - 1; k >= 0; k--) {
+        own[k] = h_alloc(len + 1);
+        blocks[k] = own[k];
+    }
+    for (int round = 0; round < 2; round++) {
+        bool in_place = round == 1 && here;
+        for (int k = 0; k < n; k++)
+            memset(own[k], 0xee, len + 1);
+        uint8_t *mine = in_place ? own[r->rank] : one;
+        h_fill(mine, len, seed_of(r->rank, 7 + round), s);
+        T_RUN(slime_gather_ptrs(comm, len ? mine : NULL, len, here && len ? blocks : NULL, root, &q_));
+        for (int k = 0; here && k < n; k++) {
+            H_CHECK_PATTERN(own[k], len, seed_of(k, 7 + round), s);
+            H_CHECK_BYTES(own[k] + len, 1, 0xee);
+        }
+        memset(one, 0xee, len + 1);
+        for (int k = 0; here && k < n; k++)
+            h_fill(own[k], len, seed_of(k, 9 + round), s);
+        mine = in_place ? own[r->rank] : one;
+        T_RUN(slime_scatter_ptrs(comm, here && len ? (const void *const *)blocks : NULL, len, len ? mine : NULL,
+                                 root, &q_));
+        H_CHECK_PATTERN(mine, len, seed_of(r->rank, 9 + round), s);
+        H_CHECK_BYTES(mine + len, 1, 0xee);
+    }
+    for (int k = 0; k < n; k++)
+        free(own[k]);
+    free(one);
+}
+
 static void gather_scatter(h_rank_t *r)
 {
     slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
@@ -139,6 +177,7 @@ static void gather_scatter(h_rank_t *r)
                 T_RUN(slime_scatter(comm, NULL, len, len ? one : NULL, root, &q_));
                 H_CHECK_PATTERN(one, len, seed_of(root, 6), s + (size_t)r->rank * len);
             }
+            gather_scatter_ptrs(comm, r, len, s, root);
         }
         free(one);
         free(all);

@@ -78,25 +78,72 @@ def _(env):
 @case("gather")
 def _(env):
     root = env.size - 1
+    here = env.rank == root
     x = data("ga", env.rank, (7,), torch.int32)
-    ref = [torch.empty(7, dtype=torch.int32) for _ in range(env.size)] if env.rank == root else None
-    got = [torch.empty(7, dtype=torch.int32) for _ in range(env.size)] if env.rank == root else None
+    ref = [torch.empty(7, dtype=torch.int32) for _ in range(env.size)] if here else None
+    got = [torch.empty(7, dtype=torch.int32) for _ in range(env.size)] if here else None
     dist.gather(x, ref, dst=root, group=env.gloo)
     dist.gather(x, got, dst=root)
-    if env.rank == root:
+    if here:
         for g, r in zip(got, ref):
             same(g, r)
+    # Outputs written where they are: slices of one tensor in reverse
+    # order, the root's input being its own slice; non-contiguous outputs
+    # through a copy; an input that is another rank's slot from a copy.
+    for layout in ("slices", "transposed", "other-slot"):
+        got = None
+        src = x
+        if here:
+            if layout == "slices":
+                got = list(reversed(torch.zeros(env.size * 7, dtype=torch.int32).chunk(env.size)))
+                got[env.rank].copy_(x)
+                src = got[env.rank]
+            elif layout == "transposed":
+                got = [torch.zeros(1, 7, dtype=torch.int32).t() for _ in range(env.size)]
+            else:
+                got = [torch.zeros(7, dtype=torch.int32) for _ in range(env.size)]
+                src = got[(env.rank + 1) % env.size]
+                src.copy_(x)
+        dist.gather(src, got, dst=root)
+        if here:
+            for g, r in zip(got, ref):
+                same(g.reshape(-1), r, what=f"gather, {layout} outputs")
 
 
 @case("scatter")
 def _(env):
     root = env.size - 1
-    xs = [data("sc", i, (2, 3), torch.float64) for i in range(env.size)] if env.rank == root else None
+    here = env.rank == root
+    xs = [data("sc", i, (2, 3), torch.float64) for i in range(env.size)] if here else None
     ref = torch.empty(2, 3, dtype=torch.float64)
     got = torch.empty(2, 3, dtype=torch.float64)
     dist.scatter(ref, xs, src=root, group=env.gloo)
     dist.scatter(got, xs, src=root)
     same(got, ref)
+    # Inputs sent from where they are: slices of one tensor in reverse
+    # order with the root's output its own slice (in place); transposed
+    # inputs through a copy; an output that is another rank's input slot,
+    # written while that slot is still being sent (so sent from a copy).
+    for layout in ("slices", "transposed", "other-slot"):
+        ins = None
+        out = torch.zeros(2, 3, dtype=torch.float64)
+        if here:
+            if layout == "slices":
+                ins = list(reversed(torch.zeros(env.size * 2, 3, dtype=torch.float64).chunk(env.size)))
+                for i, t in enumerate(ins):
+                    t.copy_(xs[i])
+                out = ins[env.rank]
+            elif layout == "transposed":
+                ins = [x.t().contiguous().t() for x in xs]
+            else:
+                ins = [x.clone() for x in xs]
+                out = ins[(env.rank + 1) % env.size] if env.size > 1 else out
+        dist.scatter(out, ins, src=root)
+        same(out, ref, what=f"scatter, {layout} inputs")
+        if here and layout == "other-slot" and env.size > 1:
+            for i, t in enumerate(ins):
+                if t is not out:
+                    same(t, xs[i], what="scatter's untouched inputs")
 
 
 @case("all_to_all")

@@ -541,6 +541,21 @@ SLIME_API slime_status_t slime_gather(slime_comm_t *comm, const void *src,
 SLIME_API slime_status_t slime_scatter(slime_comm_t *comm, const void *src,
                                        size_t bytes, void *dst, int root,
                                        slime_req_t **out);
+/* As slime_gather and slime_scatter, with a buffer of its own per block
+ * at the root: block r of the root is dst_blocks[r] (src_blocks[r]),
+ * which may lie anywhere (a list of tensors, no flat staging).  The
+ * arrays are copied; the blocks must stay valid and untouched until the
+ * request completes.  The root's src (dst) may be its own block (in
+ * place).  The arrays are ignored on other ranks and when bytes is 0;
+ * SLIME_ERR_INVAL for a NULL array or block at the root otherwise. */
+SLIME_API slime_status_t slime_gather_ptrs(slime_comm_t *comm,
+                                           const void *src, size_t bytes,
+                                           void *const *dst_blocks, int root,
+                                           slime_req_t **out);
+SLIME_API slime_status_t slime_scatter_ptrs(slime_comm_t *comm,
+                                            const void *const *src_blocks,
+                                            size_t bytes, void *dst, int root,
+                                            slime_req_t **out);
 /* src holds size blocks of count elements; rank r's dst (count elements)
  * gets the reduction of block r over all ranks. */
 SLIME_API slime_status_t slime_reduce_scatter(slime_comm_t *comm,
