@@ -58,6 +58,7 @@ struct slime_comm {
     slime_list_t queue;             /* coll_op_t, in post order */
     uint64_t next_seq;
     bool worker_started, stopping;
+    bool running;                   /* a collective runs (worker or waiter) */
     pthread_t worker;
     slime_status_t broken;          /* SLIME_OK until a collective fails */
     char broken_text[512];
@@ -147,6 +148,10 @@ slime_status_t coll_check(const slime_comm_t *comm, slime_req_t **out, const cha
  * on failure. */
 slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t **out);
 void coll_worker_stop(slime_comm_t *comm);
+/* The communicators alive, for waiters that run a queued collective
+ * themselves: added at create, removed before destroy stops anything. */
+bool coll_live_add(slime_comm_t *comm);
+void coll_live_remove(slime_comm_t *comm);
 
 /* ---- abort.c ---- */
 slime_status_t abort_channel_open(slime_comm_t *comm);

@@ -80,6 +80,10 @@ slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, uint32_t ep
     c->broken = SLIME_OK;
     comm_drop_stale(ctx, comm_id, epoch, false);
     slime_status_t st = abort_channel_open(c);
+    if (st == SLIME_OK && !coll_live_add(c)) {
+        abort_channel_close(c);
+        st = slime_errorf(SLIME_ERR_NOMEM, "comm_create: out of memory");
+    }
     if (st != SLIME_OK) {
         pthread_cond_destroy(&c->cv);
         pthread_mutex_destroy(&c->mu);
@@ -94,6 +98,7 @@ slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, uint32_t ep
 
 void slime_comm_destroy(slime_comm_t *comm) {
     if (!comm) return;
+    coll_live_remove(comm); /* no waiter may start a collective of it now */
     coll_worker_stop(comm);
     abort_channel_close(comm);
     comm_drop_stale(comm->ctx, comm->id, comm->epoch, true);

@@ -1,12 +1,16 @@
 /* The per-communicator queue and its worker thread.  Collectives run one
- * at a time in post order; the caller gets a request at once and sleeps
- * on it while the worker does the work (the worker spins in its own
- * waits, where spinning pays).  A failed collective breaks the
- * communicator: everything after it fails fast with the same cause. */
+ * at a time in post order; the caller gets a request at once.  A caller
+ * that waits on a collective nobody has started yet runs it itself
+ * (run_here), with no hand-off to the worker and back, the common case
+ * of post-then-wait; otherwise it sleeps while the worker does the work
+ * (the worker spins in its own waits, where spinning pays).  A failed
+ * collective breaks the communicator: everything after it fails fast
+ * with the same cause. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "coll/coll.h"
 
@@ -97,21 +101,100 @@ static void run_one(slime_comm_t *comm, coll_op_t *op) {
     req_worker_complete(op->req, SLIME_OK, NULL);
 }
 
+/* Under comm->mu: the next collective, now running; NULL if one runs. */
+static coll_op_t *take_next(slime_comm_t *comm) {
+    if (comm->running || list_empty(&comm->queue)) return NULL;
+    coll_op_t *op = list_first(&comm->queue, coll_op_t, link);
+    list_del(&op->link);
+    comm->running = true;
+    return op;
+}
+
+/* Runs a taken collective; the next one may start after it. */
+static void run_taken(slime_comm_t *comm, coll_op_t *op) {
+    run_one(comm, op);
+    op_free(op);
+    pthread_mutex_lock(&comm->mu);
+    comm->running = false;
+    pthread_cond_broadcast(&comm->cv); /* the worker, or destroy waiting for us */
+    pthread_mutex_unlock(&comm->mu);
+}
+
 static void *worker_main(void *arg) {
     slime_comm_t *comm = arg;
     pthread_mutex_lock(&comm->mu);
     for (;;) {
-        while (list_empty(&comm->queue) && !comm->stopping) pthread_cond_wait(&comm->cv, &comm->mu);
-        if (comm->stopping) break; /* destroy fails what is left */
-        coll_op_t *op = list_first(&comm->queue, coll_op_t, link);
-        list_del(&op->link);
+        coll_op_t *op = NULL;
+        while (!comm->stopping && !(op = take_next(comm))) pthread_cond_wait(&comm->cv, &comm->mu);
+        if (!op) break; /* stopping: destroy fails what is left */
         pthread_mutex_unlock(&comm->mu);
-        run_one(comm, op);
-        op_free(op);
+        run_taken(comm, op);
         pthread_mutex_lock(&comm->mu);
     }
     pthread_mutex_unlock(&comm->mu);
     return NULL;
+}
+
+/* Live communicators, so that a waiter holding only its request can tell
+ * whether the communicator it names still exists. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static slime_comm_t **live;
+static size_t n_live, cap_live;
+
+bool coll_live_add(slime_comm_t *comm) {
+    pthread_mutex_lock(&live_mu);
+    if (n_live == cap_live) {
+        size_t cap = cap_live ? 2 * cap_live : 16;
+        slime_comm_t **n = realloc(live, cap * sizeof *n);
+        if (!n) {
+            pthread_mutex_unlock(&live_mu);
+            return false;
+        }
+        live = n;
+        cap_live = cap;
+    }
+    live[n_live++] = comm;
+    pthread_mutex_unlock(&live_mu);
+    return true;
+}
+
+void coll_live_remove(slime_comm_t *comm) {
+    pthread_mutex_lock(&live_mu);
+    for (size_t i = 0; i < n_live; i++)
+        if (live[i] == comm) {
+            live[i] = live[--n_live];
+            break;
+        }
+    pthread_mutex_unlock(&live_mu);
+}
+
+/* run_here of a collective's request: if its collective is next in line
+ * and nothing runs, run it in this thread.  Only when the wait would
+ * last at least the collective's own timeout, since running it cannot
+ * stop at an earlier deadline.  The live list (a communicator found
+ * there is locked before the list is let go) keeps a destroyed
+ * communicator from being touched: destroy removes it first. */
+static bool run_here(slime_req_t *req, uint64_t deadline_ns) {
+    pthread_mutex_lock(&live_mu);
+    slime_comm_t *comm = NULL;
+    for (size_t i = 0; i < n_live && !comm; i++)
+        if (live[i] == req->run_here_key) comm = live[i];
+    if (!comm) {
+        pthread_mutex_unlock(&live_mu);
+        return false;
+    }
+    pthread_mutex_lock(&comm->mu);
+    pthread_mutex_unlock(&live_mu);
+    coll_op_t *op = NULL;
+    int64_t t = atomic_load(&comm->timeout_ms);
+    bool long_enough = deadline_ns >= now_ns() + (uint64_t)(t > 0 ? t : 0) * 1000000ull;
+    if (long_enough && !comm->stopping && !list_empty(&comm->queue) &&
+        list_first(&comm->queue, coll_op_t, link)->req == req)
+        op = take_next(comm);
+    pthread_mutex_unlock(&comm->mu);
+    if (!op) return false;
+    run_taken(comm, op);
+    return true;
 }
 
 slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t **out) {
@@ -125,6 +208,8 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
     }
     *op = *tmpl;
     op->req = req;
+    req->run_here = run_here;
+    req->run_here_key = comm;
     list_init(&op->link);
 
     pthread_mutex_lock(&comm->mu);
@@ -178,6 +263,15 @@ void coll_worker_stop(slime_comm_t *comm) {
     /* a worker asleep in a wait looks at `closing` when woken */
     ctx_wake_sleepers(comm->ctx);
     if (started) pthread_join(comm->worker, NULL);
+    /* a waiter running a collective itself (run_here) gives up as soon */
+    pthread_mutex_lock(&comm->mu);
+    while (comm->running) {
+        pthread_mutex_unlock(&comm->mu);
+        ctx_wake_sleepers(comm->ctx);
+        usleep(1000);
+        pthread_mutex_lock(&comm->mu);
+    }
+    pthread_mutex_unlock(&comm->mu);
     while (!list_empty(&left)) {
         coll_op_t *op = list_first(&left, coll_op_t, link);
         list_del(&op->link);

@@ -60,6 +60,10 @@ struct slime_req {
     void *cb_arg;
     slime_list_t cblink;        /* ctx->callbacks, waiting to be called */
     bool cb_running;            /* its callback is being called now */
+    /* REQ_WORKER: runs the work in the waiting thread if it has not
+     * started (true: it ran, the request is complete); NULL: never */
+    bool (*run_here)(slime_req_t *req, uint64_t deadline_ns);
+    void *run_here_key;
 };
 
 slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep);

@@ -120,8 +120,11 @@ void req_worker_complete(slime_req_t *req, slime_status_t st, const char *fmt, .
 static bool pred_done(void *arg) { return req_done(arg); }
 
 static bool wait_req(slime_req_t *req, uint64_t deadline) {
-    return req->kind == REQ_WORKER ? ctx_sleep_until(req->ctx, pred_done, req, deadline)
-                                   : ctx_wait_until(req->ctx, pred_done, req, deadline);
+    if (req->kind != REQ_WORKER) return ctx_wait_until(req->ctx, pred_done, req, deadline);
+    /* work not yet started is done here: no hand-off to another thread
+     * and back (collectives, coll/worker.c) */
+    if (req->run_here && req->run_here(req, deadline)) return true;
+    return ctx_sleep_until(req->ctx, pred_done, req, deadline);
 }
 
 static slime_status_t final_status(slime_req_t *req) {

@@ -3,14 +3,16 @@
  * refused at once and post nothing; a collective one rank never joins
  * times out; a rank SIGKILLed in the middle fails the others with
  * SLIME_ERR_PEER_LOST; mismatched sizes fail both sides; destroy fails
- * what is queued.  After a failure the communicator stays broken (later
- * collectives fail fast) while a new communicator works.
+ * what is queued, and what a waiting caller runs itself.  After a failure
+ * the communicator stays broken (later collectives fail fast) while a new
+ * communicator works.
  *
  * The time bounds are liveness bounds (a failure must not wait for an
  * unrelated timeout), not performance claims.
  */
 #include "test_coll_util.h"
 
+#include <pthread.h>
 #include <stdio.h>
 
 #define SLACK_MS 5000
@@ -375,6 +377,68 @@ static void destroy_queued(h_rank_t *r)
     }
 }
 
+/* A waiter whose wait outlasts the communicator's timeout runs the
+ * collective itself when nobody has started it (the worker may still win
+ * the race): results are right either way, back to back. */
+static void waiter_runs(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, 5000);
+    const int n = r->nranks;
+    for (int i = 0; i < 200; i++) {
+        int64_t x[3] = {r->rank, i, 1};
+        slime_req_t *q = NULL;
+        H_CHECK_OK(slime_allreduce(comm, x, 3, SLIME_DT_INT64, SLIME_RED_SUM, &q));
+        H_CHECK_OK(slime_req_wait(q, H_WAIT_MS));
+        slime_req_free(q);
+        H_CHECK(x[0] == (int64_t)n * (n - 1) / 2 && x[1] == (int64_t)i * n && x[2] == n);
+    }
+    slime_comm_destroy(comm);
+}
+
+typedef struct destroyer_arg {
+    slime_comm_t *comm;
+    int64_t took_ms;
+} destroyer_arg_t;
+
+static void *destroyer(void *p)
+{
+    destroyer_arg_t *a = p;
+    h_sleep_ms(200);
+    int64_t t0 = h_now_ms();
+    slime_comm_destroy(a->comm);
+    a->took_ms = h_now_ms() - t0;
+    return NULL;
+}
+
+/* Destroy from another thread while the caller waits on a collective the
+ * peer never joins; posted then waited at once on a fresh communicator
+ * (whose worker thread is only starting), the caller is the one running
+ * it.  The wait ends with CLOSED promptly, and destroy waits for the
+ * caller to leave the communicator. */
+static void destroy_waiter_running(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, 10000);
+    if (r->rank == 0) {
+        destroyer_arg_t a = {comm, 0};
+        pthread_t th;
+        H_CHECK(pthread_create(&th, NULL, destroyer, &a) == 0);
+        int32_t x = 1;
+        slime_req_t *q = NULL;
+        int64_t t0 = h_now_ms();
+        H_CHECK_OK(slime_allreduce(comm, &x, 1, SLIME_DT_INT32, SLIME_RED_SUM, &q));
+        slime_status_t st = slime_req_wait(q, H_WAIT_MS);
+        int64_t took = h_now_ms() - t0;
+        pthread_join(th, NULL);
+        h_log("waiter: %s after %lld ms; destroy took %lld ms", slime_status_name(st), (long long)took,
+              (long long)a.took_ms);
+        H_CHECK_EQ(st, SLIME_ERR_CLOSED);
+        H_CHECK(a.took_ms < SLACK_MS && took < 200 + SLACK_MS);
+        slime_req_free(q);
+    }
+    h_barrier(r);
+    if (r->rank != 0) slime_comm_destroy(comm);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -386,6 +450,8 @@ int main(int argc, char **argv)
         {"peer_killed_reads", peer_killed_reads, 4, false, 1u << 1},
         {"size_mismatch", size_mismatch, 2, false, 0},
         {"destroy_queued", destroy_queued, 2, false, 0},
+        {"waiter_runs", waiter_runs, 3, false, 0},
+        {"destroy_waiter_running", destroy_waiter_running, 2, false, 0},
     };
     return h_main("test_coll_fail", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
