@@ -32,6 +32,7 @@ DEFAULT_TIMEOUT_S = 300.0
 POLL_MAX_S = 0.001
 
 _PENDING, _OK, _FAILED = 0, 1, 2
+_INF = float("inf")
 # One lock for every future's first-settler-wins: settling is short and
 # rare next to making futures, which a lock each would slow down.
 _settle_lock = threading.Lock()
@@ -42,11 +43,18 @@ def timeout_ms(timeout):
     default).  Negative, NaN and infinite timeouts are refused."""
     if timeout is None:
         timeout = DEFAULT_TIMEOUT_S
+    elif type(timeout) is float or type(timeout) is int:   # the common case, first
+        if 0 <= timeout < _INF:
+            return int(timeout * 1000)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
     if not 0 <= timeout < float("inf"):
         raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
     return int(timeout * 1000)
+
+
+def _as_is(exc, what):
+    return exc
 
 
 class Future:
@@ -69,7 +77,7 @@ class Future:
         self._req = request
         self._value = value
         self._what = what
-        self._wrap = wrap_error or (lambda exc, what: exc)
+        self._wrap = wrap_error or _as_is
         self._keep = keep
         self._cleanup = cleanup
         self._exc = None
@@ -111,7 +119,7 @@ class Future:
         if self._state == _PENDING:
             ms = timeout_ms(timeout)
             try:
-                self._req.wait(timeout_ms=ms)
+                self._req.wait(ms)
             except _C.SlimeTimeoutError as exc:
                 if self._still_pending():
                     raise self._wrap(exc, self._describe()) from None
