@@ -43,9 +43,6 @@ def timeout_ms(timeout):
     default).  Negative, NaN and infinite timeouts are refused."""
     if timeout is None:
         timeout = DEFAULT_TIMEOUT_S
-    elif type(timeout) is float or type(timeout) is int:   # the common case, first
-        if 0 <= timeout < _INF:
-            return int(timeout * 1000)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
     if not 0 <= timeout < float("inf"):
@@ -117,7 +114,11 @@ class Future:
         """Waits up to timeout seconds; returns self, or raises the
         operation's error (the timeout error if it is still pending)."""
         if self._state == _PENDING:
-            ms = timeout_ms(timeout)
+            # a plain number of seconds, the common case, without a call
+            if (type(timeout) is float or type(timeout) is int) and 0 <= timeout < _INF:
+                ms = int(timeout * 1000)
+            else:
+                ms = timeout_ms(timeout)
             try:
                 self._req.wait(ms)
             except _C.SlimeTimeoutError as exc:

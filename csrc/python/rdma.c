@@ -177,18 +177,20 @@ static int attr_count(PyObject *obj, PyObject *name, int call, size_t *out)
     return ok;
 }
 
-/* Decodes remote (once per call) and checks what the Python path checks
- * of a descriptor alone: its type, its job, its length, and that it is
- * a peer's (this process's regions are served by a copy in Python). */
-static int remote_of(call_t *c, PyObject *remote, size_t *out)
+/* The last remote decoded, kept across calls with what it was checked
+ * against (the job, the context id, the RemoteTensor type, not the env,
+ * which would keep a context alive): a program names the same
+ * RemoteTensor (a frozen dataclass) over and over, and decoding it is a
+ * third of a small op's checks. */
+static struct {
+    PyObject *remote, *job, *remote_type;   /* owned */
+    uint64_t ctx_id;
+    remote_t r;                              /* its references owned */
+} last;
+
+/* Appends r to c->remotes, with new references; its index in *out. */
+static int remotes_push(call_t *c, const remote_t *r, size_t *out)
 {
-    for (size_t i = c->nremotes; i-- > 0;)
-        if (c->remotes[i].remote == remote) {
-            *out = i;
-            return ACCEPT;
-        }
-    if (!PyObject_TypeCheck(remote, c->env.remote_type))
-        return DECLINE;
     if (c->nremotes == c->cap) {
         size_t cap = c->cap ? 2 * c->cap : 4;
         remote_t *grown = PyMem_Realloc(c->remotes, cap * sizeof(*grown));
@@ -199,6 +201,54 @@ static int remote_of(call_t *c, PyObject *remote, size_t *out)
         c->remotes = grown;
         c->cap = cap;
     }
+    remote_t *slot = &c->remotes[c->nremotes];
+    *slot = *r;
+    slot->ep = NULL;
+    Py_INCREF(slot->owner);
+    Py_INCREF(slot->owner_id);
+    Py_INCREF(slot->dtype);
+    *out = c->nremotes++;
+    return ACCEPT;
+}
+
+static void remember(call_t *c, PyObject *remote, const remote_t *r)
+{
+    PyObject *old_remote = last.remote, *old_job = last.job, *old_type = last.remote_type;
+    remote_t old = last.r;
+    last.remote = Py_NewRef(remote);
+    last.job = Py_NewRef(c->env.job);
+    last.remote_type = Py_NewRef((PyObject *)c->env.remote_type);
+    last.ctx_id = c->env.ctx_id;
+    last.r = *r;
+    Py_INCREF(r->owner);
+    Py_INCREF(r->owner_id);
+    Py_INCREF(r->dtype);
+    if (old_remote) {   /* last, whole, before code a decref may run */
+        Py_DECREF(old.owner);
+        Py_DECREF(old.owner_id);
+        Py_DECREF(old.dtype);
+        Py_DECREF(old_remote);
+        Py_DECREF(old_job);
+        Py_DECREF(old_type);
+    }
+}
+
+/* Decodes remote (once per call, or not at all when it is the last one)
+ * and checks what the Python path checks of a descriptor alone: its
+ * type, its job, its length, and that it is a peer's (this process's
+ * regions are served by a copy in Python). */
+static int remote_of(call_t *c, PyObject *remote, size_t *out)
+{
+    for (size_t i = c->nremotes; i-- > 0;)
+        if (c->remotes[i].remote == remote) {
+            *out = i;
+            return ACCEPT;
+        }
+    if (remote == last.remote && c->env.job == last.job && c->env.ctx_id == last.ctx_id
+        && (PyObject *)c->env.remote_type == last.remote_type)
+        return remotes_push(c, &last.r, out);
+    if (!PyObject_TypeCheck(remote, c->env.remote_type))
+        return DECLINE;
     remote_t r = {.remote = remote};
     int ok = DECLINE;
     PyObject *desc = PyObject_GetAttr(remote, s_desc);
@@ -219,15 +269,15 @@ static int remote_of(call_t *c, PyObject *remote, size_t *out)
                && attr_count(dtype, s_itemsize, 0, &r.itemsize) == ACCEPT
                && r.itemsize > 0) {
         memcpy(r.desc.bytes, PyBytes_AS_STRING(desc), sizeof(r.desc.bytes));
-        r.owner = Py_NewRef(owner);
-        r.owner_id = Py_NewRef(owner_id);
-        r.dtype = Py_NewRef(dtype);
-        c->remotes[c->nremotes] = r;
-        *out = c->nremotes++;
-        ok = ACCEPT;
-    }
-    if (PyErr_Occurred())   /* from the comparison of the jobs */
+        r.owner = owner;
+        r.owner_id = owner_id;
+        r.dtype = dtype;
+        ok = remotes_push(c, &r, out);
+        if (ok == ACCEPT)
+            remember(c, remote, &r);
+    } else if (PyErr_Occurred()) {   /* from the comparison of the jobs */
         ok = decline();
+    }
     Py_XDECREF(desc);
     Py_XDECREF(owner);
     Py_XDECREF(job);

@@ -148,6 +148,19 @@ def test_declined_ops_post_nothing(side):
     assert side.asked == []    # no endpoint asked for before every check passed
 
 
+def test_a_known_remote_is_checked_again_in_another_env(side):
+    """The last remote is remembered across calls, with what it was
+    checked against: the same object under another job or as this
+    process's own region is declined."""
+    side.post(_C.OP_READ, side.mine[:4], 0).wait(WAIT_MS)
+    other_job = (b"another job",) + side.env[1:]
+    own = side.env[:1] + (side.b.id,) + side.env[2:]
+    for env in (other_job, own):
+        assert side.a.rdma_post(_C.OP_WRITE, side.mine[:4], side.remote, 0, None,
+                                env, side.ranges()) is None
+    side.post(_C.OP_READ, side.mine[:4], 0).wait(WAIT_MS)
+
+
 def test_one_bad_item_declines_the_batch(side):
     side.mine[:] = 5
     good = [(side.mine[i:i + 1], side.remote, i) for i in range(50)]
