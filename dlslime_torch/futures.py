@@ -88,6 +88,15 @@ class Future:
 
     def _settle(self, exc):
         """Records the outcome (first caller wins) and cleans up."""
+        if exc is None and self._cleanup is None and not callable(self._value):
+            # Nothing to run once, and every thread that sees the request
+            # sees the same final status (the binding records the first
+            # one): success needs no lock, which is most of a small op's
+            # settling.
+            self._keep = ()
+            if self._state == _PENDING:
+                self._state = _OK
+            return
         with _settle_lock:
             if self._state != _PENDING:
                 return
