@@ -8,8 +8,9 @@ registers its own and, for every size:
 
   read, write     one rdma.read / rdma.write of the size, then wait: the
                   latency of one operation as the API user sees it;
-  read_b64,       one batch_read / batch_write of 64 items (fewer when the
-  write_b64       size has under 64 x 8 bytes) that together move the size;
+  read_batch,     one batch_read / batch_write of --batch items (64; fewer
+  write_batch     when the size has under that many x 8 bytes) that
+                  together move the size (also shown per item);
   send_recv       half a ping-pong round trip of dist.send / dist.recv on a
                   "dlslime" group (both ranks take part), as in
                   torch_dist_bench.py;
@@ -49,11 +50,10 @@ for path in (REPO, REPO / "bench"):
 
 from torch_dist_bench import MiB, fmt_gbps, human, parse_size, spawn_ranks  # noqa: E402
 
-METHODS = ("read", "write", "read_b64", "write_b64", "send_recv", "memcpy")
-ONE_SIDED = ("read", "write", "read_b64", "write_b64")
-BATCH = 64
+METHODS = ("read", "write", "read_batch", "write_batch", "send_recv", "memcpy")
+ONE_SIDED = ("read", "write", "read_batch", "write_batch")
 QUICK_SIZES = (8, 4096, 65536, 1 * MiB, 16 * MiB, 64 * MiB)
-CSV_COLUMNS = ("transport", "memory", "method", "bytes", "iters", "avg_us", "p50_us", "gbps",
+CSV_COLUMNS = ("transport", "memory", "method", "bytes", "items", "iters", "avg_us", "p50_us", "gbps",
                "x_send_recv", "x_memcpy", "status")
 WAIT_S = 120
 
@@ -101,7 +101,7 @@ class Rank:
         """One iteration (this rank's part)."""
         rdma, r0 = self.rdma, self.rank == 0
         if method == "send_recv":
-            g, b = self.slime, self.buf[:size]
+            g, b = self.slime, self.view
             if r0:
                 self.dist.send(b, 1, group=g)
                 self.dist.recv(b, 1, group=g)
@@ -111,21 +111,24 @@ class Rank:
         elif not r0:
             return
         elif method == "read":
-            rdma.read(self.buf[:size], self.remote).wait(WAIT_S)
+            rdma.read(self.view, self.remote).wait(WAIT_S)
         elif method == "write":
-            rdma.write(self.buf[:size], self.remote).wait(WAIT_S)
-        elif method == "read_b64":
+            rdma.write(self.view, self.remote).wait(WAIT_S)
+        elif method == "read_batch":
             rdma.batch_read(self.items).wait(WAIT_S)
-        elif method == "write_b64":
+        elif method == "write_batch":
             rdma.batch_write(self.items).wait(WAIT_S)
         elif method == "memcpy":
-            self.buf[:size].copy_(self.src[:size])
+            self.view.copy_(self.src_view)
+
+    def batch_count(self, size):
+        return max(1, min(self.cfg["batch"], size // 8))
 
     def batch_items(self, size):
-        """n equal pieces (n = 64, fewer under 512 B), each going to the
+        """n equal pieces (n = --batch, fewer under 8 B a piece), each going to the
         slot of another piece on the far side (a fixed shuffle, like
         scattered cache pages), so no two items could be merged into one."""
-        n = max(1, min(BATCH, size // 8))
+        n = self.batch_count(size)
         piece = size // n
         order = self.torch.randperm(n, generator=self.torch.Generator().manual_seed(n)).tolist()
         return [(self.buf[i * piece:(i + 1) * piece], self.remote, order[i] * piece)
@@ -134,13 +137,13 @@ class Rank:
     def shuffled(self, sent, size, method):
         """Where a batch's pieces land: piece i of the near side is piece
         order[i] of the far side (the bytes past n whole pieces stay 0)."""
-        n = max(1, min(BATCH, size // 8))
+        n = self.batch_count(size)
         piece = size // n
         order = self.torch.randperm(n, generator=self.torch.Generator().manual_seed(n)).tolist()
         out = self.torch.zeros_like(sent)
         for i, j in enumerate(order):
             near, far = slice(i * piece, (i + 1) * piece), slice(j * piece, (j + 1) * piece)
-            if method == "read_b64":
+            if method == "read_batch":
                 out[near] = sent[far]
             else:
                 out[far] = sent[near]
@@ -152,11 +155,11 @@ class Rank:
         torch, seed, err = self.torch, size % 997 + METHODS.index(method), None
         want = pattern(size, seed)
         self.buf[:size].zero_()
-        if method in ("read", "read_b64") and self.rank == 1:
+        if method in ("read", "read_batch") and self.rank == 1:
             self.buf[:size].copy_(want)
         elif method == "memcpy" and self.rank == 0:
             self.src[:size].copy_(want)
-        elif method in ("write", "write_b64", "send_recv") and self.rank == 0:
+        elif method in ("write", "write_batch", "send_recv") and self.rank == 0:
             self.buf[:size].copy_(want)
         self.dist.barrier()
         try:
@@ -170,8 +173,8 @@ class Rank:
         except Exception:
             err = traceback.format_exc()
         self.dist.barrier()
-        lands = 0 if method in ("read", "read_b64", "memcpy") else 1
-        if method.endswith("_b64") and self.rank == lands:
+        lands = 0 if method in ("read", "read_batch", "memcpy") else 1
+        if method.endswith("_batch") and self.rank == lands:
             want = self.shuffled(want, size, method)
         if err is None and self.rank == lands and not torch.equal(self.buf[:size], want):
             bad = (self.buf[:size] != want).nonzero()[0].item()
@@ -183,6 +186,10 @@ class Rank:
     def point(self, size):
         """Every method at one size: rows keyed by method (rank 0's)."""
         cfg, perf = self.cfg, time.perf_counter
+        # made once per size, as the batches' items are: slicing a tensor
+        # costs about 1 us, which is torch's time, not the transfer's
+        self.view = self.buf[:size]
+        self.src_view = self.src[:size] if self.rank == 0 else None
         self.items = self.batch_items(size) if self.rank == 0 else None
         methods = list(cfg["methods"])
         # calibrate on rank 0 (the peer follows send_recv's count)
@@ -217,6 +224,7 @@ class Rank:
             p50 = statistics.median(steps[m]) * share
             avg = statistics.fmean(steps[m]) * share
             rows[m] = {"transport": cfg["transport"], "method": m, "bytes": size,
+                       "items": self.batch_count(size) if m.endswith("_batch") else 1,
                        "iters": len(steps[m]), "avg_us": avg * 1e6, "p50_us": p50 * 1e6,
                        "gbps": size / p50 / 1e9, "status": status}
         return rows
@@ -277,6 +285,8 @@ def print_table(rows, methods):
     shown = [m for m in methods]
     ratio = [m for m in methods if m in ONE_SIDED]
     heads = ["size"] + [f"{m} us" for m in shown] + [f"{m} GB/s" for m in shown]
+    per_item = [m for m in methods if m.endswith("_batch")]
+    heads += [f"{m} us/item" for m in per_item]
     heads += [f"{m} x s/r" for m in ratio] + [f"{m} x memcpy" for m in ratio]
     for transport in sorted({r["transport"] for r in rows}):
         by = {}
@@ -289,6 +299,7 @@ def print_table(rows, methods):
             line = [human(size)]
             line += [cell(m, lambda r: f"{r['p50_us']:.1f}") for m in shown]
             line += [cell(m, lambda r: fmt_gbps(r["gbps"])) for m in shown]
+            line += [cell(m, lambda r: f"{r['p50_us'] / r['items']:.2f}") for m in per_item]
             line += [cell(m, lambda r: "-" if r["x_send_recv"] is None else f"{r['x_send_recv']:.2f}")
                      for m in ratio]
             line += [cell(m, lambda r: "-" if r["x_memcpy"] is None else f"{r['x_memcpy']:.2f}")
@@ -331,6 +342,7 @@ def main():
     ap.add_argument("--time", type=float, default=0.6, help="timed seconds per method and size")
     ap.add_argument("--rounds", type=int, default=3, help="timed slices per method and size")
     ap.add_argument("--max-iters", type=int, default=20000)
+    ap.add_argument("--batch", type=int, default=64, help="items per batch_read / batch_write")
     ap.add_argument("--memory", default="both", choices=("heap", "shared", "both"),
                     help="the registered buffers: ordinary tensors (heap), rdma.zeros "
                          "tensors that shm peers map (shared), or one run of each")
@@ -356,7 +368,7 @@ def main():
                 continue    # ordinary memory there: nothing to compare
             cfg = {"transport": transport, "sizes": sizes, "methods": methods,
                    "time": args.time / (3 if args.quick else 1), "rounds": args.rounds,
-                   "max_iters": args.max_iters, "memory": memory}
+                   "max_iters": args.max_iters, "memory": memory, "batch": args.batch}
             label = transport if memory == "heap" else f"{transport}+shared"
             print(f"[{label}] {len(sizes)} sizes x {len(methods)} methods ...", file=sys.stderr)
             got, errors = run_pair(cfg, deadline_s=3600)

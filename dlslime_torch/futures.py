@@ -32,6 +32,7 @@ DEFAULT_TIMEOUT_S = 300.0
 POLL_MAX_S = 0.001
 
 _PENDING, _OK, _FAILED = 0, 1, 2
+_INF = float("inf")
 # One lock for every future's first-settler-wins: settling is short and
 # rare next to making futures, which a lock each would slow down.
 _settle_lock = threading.Lock()
@@ -47,6 +48,10 @@ def timeout_ms(timeout):
     if not 0 <= timeout < float("inf"):
         raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
     return int(timeout * 1000)
+
+
+def _as_is(exc, what):
+    return exc
 
 
 class Future:
@@ -69,7 +74,7 @@ class Future:
         self._req = request
         self._value = value
         self._what = what
-        self._wrap = wrap_error or (lambda exc, what: exc)
+        self._wrap = wrap_error or _as_is
         self._keep = keep
         self._cleanup = cleanup
         self._exc = None
@@ -83,6 +88,15 @@ class Future:
 
     def _settle(self, exc):
         """Records the outcome (first caller wins) and cleans up."""
+        if exc is None and self._cleanup is None and not callable(self._value):
+            # Nothing to run once, and every thread that sees the request
+            # sees the same final status (the binding records the first
+            # one): success needs no lock, which is most of a small op's
+            # settling.
+            self._keep = ()
+            if self._state == _PENDING:
+                self._state = _OK
+            return
         with _settle_lock:
             if self._state != _PENDING:
                 return
@@ -109,9 +123,13 @@ class Future:
         """Waits up to timeout seconds; returns self, or raises the
         operation's error (the timeout error if it is still pending)."""
         if self._state == _PENDING:
-            ms = timeout_ms(timeout)
+            # a plain number of seconds, the common case, without a call
+            if (type(timeout) is float or type(timeout) is int) and 0 <= timeout < _INF:
+                ms = int(timeout * 1000)
+            else:
+                ms = timeout_ms(timeout)
             try:
-                self._req.wait(timeout_ms=ms)
+                self._req.wait(ms)
             except _C.SlimeTimeoutError as exc:
                 if self._still_pending():
                     raise self._wrap(exc, self._describe()) from None

@@ -248,6 +248,10 @@ bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req);
  * announced (rendezvous) one gets SLIME_ERR_CANCELED.  Returns how many. */
 size_t proto_drop_unexpected(slime_ctx_t *ctx, bool (*stale)(uint64_t tag, void *arg), void *arg);
 void proto_post_rma(slime_ep_t *ep, slime_req_t *req);
+/* After posting to ep's RMA queue (under ctx->lock): runs a small op at
+ * its head now, on this thread, and hands the rest to the progress
+ * engine.  slime_batch calls it once per endpoint, after all its posts. */
+void proto_rma_start(slime_ep_t *ep);
 int proto_rma_progress(slime_ep_t *ep);
 void umsg_free(slime_ctx_t *ctx, umsg_t *m);
 
@@ -288,6 +292,7 @@ struct slime_ctx {
     size_t n_fd_eps, n_shm_eps;
     unsigned poll_tick;
     bool poll_now;              /* look at the fds on the next pass */
+    bool rma_batching;          /* slime_batch is posting: it starts the RMA queues */
     /* tag matching */
     slime_list_t posted;        /* slime_req_t via qlink */
     slime_list_t unexpected;    /* umsg_t */

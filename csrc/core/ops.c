@@ -222,6 +222,7 @@ slime_status_t slime_batch(slime_ctx_t *ctx, const slime_op_t *ops, size_t n, sl
     }
     /* one extra count so children finishing while we post cannot end it */
     parent->children_left = n + 1;
+    ctx->rma_batching = true;
     for (size_t i = 0; i < n; i++) {
         slime_req_t *c = req_new(ctx, REQ_SEND, ops[i].ep);
         if (!c) {
@@ -237,6 +238,11 @@ slime_status_t slime_batch(slime_ctx_t *ctx, const slime_op_t *ops, size_t n, sl
         c->parent = parent;
         c->detached = true;
         op_post(ctx, &ops[i], &descs[i], c);
+    }
+    ctx->rma_batching = false;
+    for (size_t i = 0; i < n; i++) {
+        bool one_sided = ops[i].kind != SLIME_OP_SEND && ops[i].kind != SLIME_OP_RECV;
+        if (one_sided && (i == 0 || ops[i].ep != ops[i - 1].ep)) proto_rma_start(ops[i].ep);
     }
     if (--parent->children_left == 0) req_complete(parent, parent->first_err, NULL);
     pthread_mutex_unlock(&ctx->lock);

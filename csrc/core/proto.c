@@ -404,13 +404,23 @@ void proto_post_rma(slime_ep_t *ep, slime_req_t *req) {
     if (ep->tp->rma) {
         bool idle = list_empty(&ep->rmaq);
         list_push_back(&ep->rmaq, &req->qlink);
-        /* a small op on an idle queue is done right away: no hand-off */
-        if (idle && req->len <= 65536) proto_rma_progress(ep);
-        if (!list_empty(&ep->rmaq)) ctx_post_work(ep->ctx);
+        /* a batch's small ops are started together, so that the
+         * transport sees them queued and can copy them at once */
+        if (ep->ctx->rma_batching) return;
+        if (idle) proto_rma_start(ep);
+        else ctx_post_work(ep->ctx);
         return;
     }
     post_frames(ep, req);
     stream_flush(ep);
+}
+
+void proto_rma_start(slime_ep_t *ep) {
+    if (!ep->tp->rma || ep->tp->rma_async) return;
+    slime_req_t *head = list_first(&ep->rmaq, slime_req_t, qlink);
+    /* a small op is done right away: no hand-off */
+    if (head && head->len <= 65536) proto_rma_progress(ep);
+    if (!list_empty(&ep->rmaq)) ctx_post_work(ep->ctx);
 }
 
 int proto_rma_progress(slime_ep_t *ep) {

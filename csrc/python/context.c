@@ -461,6 +461,13 @@ static PyMethodDef context_methods[] = {
      "local_off, remote_desc, remote_off, length), (OP_WRITE_IMM, ..., imm) "
      "or a dict with keys op, ep, buf, tag, local, local_off, remote, "
      "remote_off, length, imm."},
+    {"rdma_post", (PyCFunction)(void (*)(void))slime_py_rdma_post, METH_FASTCALL,
+     "rdma_post(op, local, remote, offset, imm, env, ranges) -> Request, or "
+     "None (nothing posted) for an op dlslime_torch.rdma checks in Python: "
+     "its read, write and write_with_imm on a tensor in a Region (csrc/python/rdma.c)."},
+    {"rdma_batch", (PyCFunction)(void (*)(void))slime_py_rdma_batch, METH_FASTCALL,
+     "rdma_batch(op, items, env, ranges) -> Request, or None (nothing posted): "
+     "the same for batch_read / batch_write of (local, remote, offset) items."},
     {"close", (PyCFunction)context_close, METH_NOARGS,
      "close(): destroys the context; pending requests fail with "
      "SlimeClosedError.  Idempotent."},

@@ -143,6 +143,12 @@ int slime_py_rpc_init(PyObject *module);
 /* batch.c */
 PyObject *slime_py_batch(SlimeContextObject *context, PyObject *ops);
 
+/* rdma.c: the fast path of dlslime_torch.rdma (METH_FASTCALL). */
+PyObject *slime_py_rdma_post(SlimeContextObject *context, PyObject *const *args,
+                             Py_ssize_t nargs);
+PyObject *slime_py_rdma_batch(SlimeContextObject *context, PyObject *const *args,
+                              Py_ssize_t nargs);
+
 /* Wall-clock budget of one GIL-free wait slice, so that Ctrl-C and other
  * signals are seen during long waits. */
 #define SLIME_PY_WAIT_SLICE_MS 200

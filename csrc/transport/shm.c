@@ -433,9 +433,57 @@ static slime_status_t rma_piece(void *arg, size_t off, size_t len) {
     return SLIME_OK;
 }
 
+/* A batch of small one-sided ops costs a system call each, and the
+ * call's fixed part (finding the peer's mm, importing the iovecs) is
+ * most of a small op's time.  So the small CMA ops queued right behind
+ * the head of the queue in its direction are copied with it in one
+ * process_vm_readv/writev; each copied whole is marked done, which
+ * leaves shm_rma only its completion.  An op that does not fit (large,
+ * mapped, refused by the region table) ends the run; a call that fails
+ * or copies short leaves the rest to the one-by-one path, which reports
+ * errors op by op (a partial copy never splits an iovec). */
+#define COALESCE_OP_MAX (64u << 10)
+#define COALESCE_OPS 256 /* iovecs a call, under IOV_MAX */
+
+static void rma_coalesce(slime_ep_t *ep, slime_req_t *head) {
+    shm_conn_t *c = ep->conn;
+    struct iovec l[COALESCE_OPS], r[COALESCE_OPS];
+    slime_req_t *reqs[COALESCE_OPS];
+    size_t n = 0;
+    unsigned access = head->is_write ? SLIME_ACCESS_REMOTE_WRITE : SLIME_ACCESS_REMOTE_READ;
+    for (slime_list_t *it = &head->qlink; it != &ep->rmaq && n < COALESCE_OPS; it = it->next) {
+        slime_req_t *q = container_of(it, slime_req_t, qlink);
+        uint64_t raddr;
+        char why[160];
+        if (q->done || q->len > COALESCE_OP_MAX || q->is_write != head->is_write) break;
+        if (mr_table_acquire(c->peer, q->r_handle, q->r_rkey, q->r_off, q->len, access, &raddr, why,
+                             sizeof why) != SLIME_OK)
+            break;
+        if (peermap_lookup(c->map, &c->peer->slots[(uint32_t)(q->r_handle >> 32)], raddr)) {
+            mr_table_release(c->peer, q->r_handle); /* memcpy serves it */
+            break;
+        }
+        l[n] = (struct iovec){.iov_base = q->buf, .iov_len = q->len};
+        r[n] = (struct iovec){.iov_base = (void *)(uintptr_t)raddr, .iov_len = q->len};
+        reqs[n++] = q;
+    }
+    if (n >= 2) {
+        ssize_t got = head->is_write ? process_vm_writev(c->peer_pid, l, n, r, n, 0)
+                                     : process_vm_readv(c->peer_pid, l, n, r, n, 0);
+        for (size_t i = 0; i < n && got >= (ssize_t)reqs[i]->len; i++) {
+            reqs[i]->done = reqs[i]->len;
+            got -= (ssize_t)reqs[i]->len;
+        }
+    }
+    for (size_t i = 0; i < n; i++) mr_table_release(c->peer, reqs[i]->r_handle);
+}
+
 static slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max) {
     shm_conn_t *c = ep->conn;
     if (!c->cma) return SLIME_ERR_UNSUPPORTED;
+    /* the head of the queue (which rma is always given) with ops behind it */
+    if (req->done == 0 && req->len <= COALESCE_OP_MAX && req->qlink.next != &ep->rmaq)
+        rma_coalesce(ep, req);
     while (req->done < req->len && max) {
         size_t k = min_sz(req->len - req->done, max);
         rma_job_t j = {.c = c, .req = req, .base = req->done};

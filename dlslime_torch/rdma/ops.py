@@ -14,6 +14,8 @@ Descriptors of this process's own regions are served by a local copy
 (a process has no connection to itself), checked the same way.
 """
 
+import functools
+
 import torch
 
 from .. import _C, runtime
@@ -24,12 +26,12 @@ from .region import Peer, Region, RemoteTensor, check_tensor
 
 CONNECT_TIMEOUT_S = 60
 _OPCODES = {"read": _C.OP_READ, "write": _C.OP_WRITE, "write_with_imm": _C.OP_WRITE_IMM}
-_endpoints = {}   # (our context id, peer context id) -> Endpoint
+_endpoints = {}   # our context id -> {peer context id -> Endpoint}
 
 
 def _endpoint(ctx, peer):
-    key = (ctx.id, peer.context_id)
-    ep = _endpoints.get(key)
+    mine = _endpoints.setdefault(ctx.id, {})
+    ep = mine.get(peer.context_id)
     if ep is not None and ep.status == _C.OK:
         return ep
     try:
@@ -40,7 +42,7 @@ def _endpoint(ctx, peer):
         raise RdmaAccessError(
             f"dlslime rdma: the address of {peer} leads to context "
             f"{ep.peer_id:016x}; the descriptor is stale (its owner is gone)")
-    _endpoints[key] = ep
+    mine[peer.context_id] = ep
     return ep
 
 
@@ -55,14 +57,18 @@ def _as_offset(value, name, label):
 
 class _Call:
     """What every op of one call is checked against: this process's
-    context and job, looked up again only when the context changes."""
+    context and job, looked up again only when the context changes.
+    env: the same for the C fast path (Context.rdma_post, rdma_batch)."""
 
-    __slots__ = ("ctx", "ctx_id", "job")
+    __slots__ = ("ctx", "ctx_id", "job", "env")
 
     def __init__(self):
         self.ctx = regions.context()
         self.ctx_id = self.ctx.id
         self.job = regions.this_job()
+        self.env = (self.job, self.ctx_id, RemoteTensor, torch.Tensor,
+                    _endpoints.setdefault(self.ctx_id, {}),
+                    functools.partial(_endpoint, self.ctx))
 
 
 _last_call = None
@@ -136,11 +142,7 @@ class _Op:
                                       f"of this process was deregistered")
 
     def describe(self):
-        """The operation in words, for errors."""
-        dtype = str(self.local.dtype).replace("torch.", "")
-        return (f"{self.label}{self.kind} of {self.local.numel()} {dtype} elements "
-                f"{'from' if self.kind == 'read' else 'to'} {self.remote} at element "
-                f"{self.offset}")
+        return _describe(self.kind, self.local, self.remote, self.offset, self.label)
 
     def copy_locally(self):
         size = self.local.element_size()
@@ -151,6 +153,17 @@ class _Op:
             mine.copy_(theirs)
         else:
             theirs.copy_(mine)
+
+
+def _describe(kind, local, remote, offset, label=""):
+    """An operation in words, for errors."""
+    dtype = str(local.dtype).replace("torch.", "")
+    return (f"{label}{kind} of {local.numel()} {dtype} elements "
+            f"{'from' if kind == 'read' else 'to'} {remote} at element {offset}")
+
+
+def _describe_batch(kind, tensors):
+    return f"{kind} of {len(tensors)} items ({sum(t.nbytes for t in tensors)} bytes)"
 
 
 class _LocalRegions:
@@ -257,25 +270,34 @@ def _post_many(call, kind, ops, what):
                   keep=local, cleanup=local.close if local.temporary else None)
 
 
+def _post(kind, local, remote, offset, imm=None):
+    """One op: the C fast path posts the common case; what it declines
+    (nothing posted) takes the checked path, which raises any error."""
+    call = _current_call()
+    request = call.ctx.rdma_post(_OPCODES[kind], local, remote, offset, imm,
+                                 call.env, regions.ranges())
+    if request is None:
+        return _post_one(call, _Op(kind, local, remote, offset, call, imm=imm))
+    return Future(request, local, wrap_error=from_core,
+                  what=lambda: _describe(kind, local, remote, offset))
+
+
 def read(dst, remote, offset=0):
     """Reads remote elements [offset, offset + dst.numel()) into dst;
     returns a Future whose result is dst."""
-    call = _current_call()
-    return _post_one(call, _Op("read", dst, remote, offset, call))
+    return _post("read", dst, remote, offset)
 
 
 def write(src, remote, offset=0):
     """Writes src into remote elements [offset, offset + src.numel());
     returns a Future whose result is src."""
-    call = _current_call()
-    return _post_one(call, _Op("write", src, remote, offset, call))
+    return _post("write", src, remote, offset)
 
 
 def write_with_imm(src, remote, imm, offset=0):
     """write(), then the 32-bit imm is delivered to the remote region's
     owner (recv_imm there) once the data is in place."""
-    call = _current_call()
-    return _post_one(call, _Op("write_with_imm", src, remote, offset, call, imm=imm))
+    return _post("write_with_imm", src, remote, offset, imm)
 
 
 def _peer_of(peer):
@@ -334,10 +356,18 @@ def _unpack(item, kind, index, call):
 
 
 def _batch(kind, items):
+    """The C fast path posts a batch of common items; one it declines
+    (nothing posted) takes the checked path, which raises any error."""
     call = _current_call()
+    if type(items) is not list and type(items) is not tuple:
+        items = list(items)   # an iterator: both paths must see the items
+    request = call.ctx.rdma_batch(_OPCODES[kind], items, call.env, regions.ranges())
+    if request is not None:
+        tensors = [item[0] for item in items]
+        return Future(request, tensors, wrap_error=from_core,
+                      what=lambda: _describe_batch(kind, tensors))
     ops = [_unpack(item, kind, i, call) for i, item in enumerate(items)]
-    total = sum(op.nbytes for op in ops)
-    return _post_many(call, kind, ops, f"{kind} of {len(ops)} items ({total} bytes)")
+    return _post_many(call, kind, ops, _describe_batch(kind, [op.local for op in ops]))
 
 
 def batch_read(items):

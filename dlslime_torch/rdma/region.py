@@ -247,3 +247,10 @@ class _Registry:
 _registry = _Registry()
 by_desc = _registry.by_desc
 containing = _registry.containing
+
+
+def ranges():
+    """The registry's snapshot of (start, end, weakref to Region), for the
+    C fast path of ops.py (which looks up local tensors in it as
+    containing() does)."""
+    return _registry._ranges

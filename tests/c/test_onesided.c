@@ -377,6 +377,83 @@ static void case_batch(h_rank_t *r)
     region_free(&out);
 }
 
+/* Long runs of small ops in one direction, which shm copies many to a
+ * system call: 600 reads (more than one call takes) with a large read
+ * that ends a run and then reads of a second region, then 600 writes in
+ * ascending order and a write_imm.  Every byte lands where its op says. */
+enum { NRUN = 600, RUN_STRIDE = 5000 };
+#define RUN_LARGE ((1u << 20) + 17u)
+
+static span_t run_span(int i)
+{
+    span_t s = {(size_t)i * RUN_STRIDE + (size_t)(i % 3), (size_t)i * RUN_STRIDE,
+                1u + ((size_t)i * 997u) % 4000u};
+    return s;
+}
+
+static void case_batch_runs(h_rank_t *r)
+{
+    const size_t len = (size_t)NRUN * RUN_STRIDE + RUN_LARGE;
+    span_t writes[NRUN + 1];
+    for (int i = 0; i < NRUN; i++)
+        writes[i] = run_span(i);
+    writes[NRUN] = (span_t){len - 64, 0, 64};     /* the write_imm */
+    if (r->rank == 1) {
+        region_t rd = region_new(r->ctx, len, 0, SEED_TARGET + 5);
+        region_t rd2 = region_new(r->ctx, len, 0, SEED_TARGET + 6);
+        region_t wr = region_new(r->ctx, len, 0, SEED_TARGET);
+        h_send_desc(r, 0, rd.mr);
+        h_send_desc(r, 0, rd2.mr);
+        h_send_desc(r, 0, wr.mr);
+        serve_until_done(r, &wr, 0);
+        check_written(wr.base, wr.len, writes, NRUN + 1, SEED_LOCAL);
+        slime_req_t *req = NULL;
+        H_CHECK_OK(slime_imm_recv(r->ep[0], &req));
+        H_WAIT(req, SLIME_OK);
+        H_CHECK_EQ(slime_req_imm(req), 77u);
+        slime_req_free(req);
+        region_free(&rd);
+        region_free(&rd2);
+        region_free(&wr);
+        return;
+    }
+    slime_mr_desc_t rd = h_recv_desc(r, 1);
+    slime_mr_desc_t rd2 = h_recv_desc(r, 1);
+    slime_mr_desc_t wr = h_recv_desc(r, 1);
+    region_t in = region_new(r->ctx, 2 * len, 0, 0);
+    region_t out = region_new(r->ctx, len, 0, SEED_LOCAL);
+    slime_op_t *ops = h_alloc(sizeof(slime_op_t) * (2 * NRUN + 2));
+    size_t n = 0;
+    for (int i = 0; i < NRUN; i++) {
+        span_t s = run_span(i);
+        if (i == NRUN / 2)    /* ends a run; the rest come from rd2 */
+            ops[n++] = (slime_op_t){.kind = SLIME_OP_READ, .ep = r->ep[1], .len = RUN_LARGE,
+                                    .local = in.mr, .local_off = len, .remote = &rd,
+                                    .remote_off = 0};
+        ops[n++] = (slime_op_t){.kind = SLIME_OP_READ, .ep = r->ep[1], .len = s.len,
+                                .local = in.mr, .local_off = s.local_off,
+                                .remote = i < NRUN / 2 ? &rd : &rd2, .remote_off = s.remote_off};
+    }
+    for (int i = 0; i <= NRUN; i++)
+        ops[n++] = (slime_op_t){.kind = i < NRUN ? SLIME_OP_WRITE : SLIME_OP_WRITE_IMM,
+                                .ep = r->ep[1], .len = writes[i].len, .local = out.mr,
+                                .local_off = writes[i].local_off, .remote = &wr,
+                                .remote_off = writes[i].remote_off, .imm = 77u};
+    slime_req_t *req = NULL;
+    H_CHECK_OK(slime_batch(r->ctx, ops, n, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    for (int i = 0; i < NRUN; i++) {
+        span_t s = run_span(i);
+        H_CHECK_PATTERN(in.base + s.local_off, s.len, SEED_TARGET + (i < NRUN / 2 ? 5 : 6),
+                        s.remote_off);
+    }
+    H_CHECK_PATTERN(in.base + len, RUN_LARGE, SEED_TARGET + 5, 0);
+    h_ctl_send_u64(r, 1, 1);
+    free(ops);
+    region_free(&in);
+    region_free(&out);
+}
+
 /* Ranks 1 and 2 write into disjoint halves of rank 0's region at once
  * and read each other's half back. */
 static void case_concurrent_writers(h_rank_t *r)
@@ -478,6 +555,7 @@ int main(int argc, char **argv)
         {"large", case_large, 2, false, 0},
         {"write_imm", case_write_imm, 2, false, 0},
         {"batch", case_batch, 2, false, 0},
+        {"batch_runs", case_batch_runs, 2, false, 0},
         {"concurrent_writers", case_concurrent_writers, 3, false, 0},
         {"threads_large", case_threads_large, 2, false, 0},
     };

@@ -242,6 +242,79 @@ def batches_of_hundreds(env, rdma, expect):
 
 
 @case
+def registered_local_tensors(env, rdma, expect):
+    """Local tensors inside a Region go through the C fast path (the
+    checked Python path, ops._post_one / _post_many, is not called) and
+    move the same bytes; an error case with them still raises the Python
+    path's text and moves nothing; what the fast path leaves to Python
+    (a deregistered local region, this rank's own window) still works."""
+    from dlslime_torch.rdma import ops
+    n = 4096
+    win = rdma.register_window(data(("reg", env.rank), (n,), torch.float32), group=env.gloo)
+    staging = rdma.register(torch.zeros(n))
+    mine, theirs = staging.tensor, data(("reg", env.next), (n,), torch.float32)
+    python_path = []
+    post_one, post_many = ops._post_one, ops._post_many
+    ops._post_one = lambda *a: python_path.append(a) or post_one(*a)
+    ops._post_many = lambda *a: python_path.append(a) or post_many(*a)
+    try:
+        got = mine[100:300]
+        assert rdma.read(got, win[env.next], 1000).result(TIMEOUT) is got
+        same_bytes(got, theirs[1000:1200], "fast read")
+        spots = [8 * ((i * 7) % 500) for i in range(300)]
+        items = [(mine[8 * i:8 * i + 8], win[env.next], k) for i, k in enumerate(spots)]
+        out = rdma.batch_read(items).result(TIMEOUT)
+        assert len(out) == 300 and all(o is item[0] for o, item in zip(out, items))
+        same_bytes(mine[:2400], torch.cat([theirs[k:k + 8] for k in spots]), "fast batch read")
+        first = win.recv_imm(env.prev)
+        env.sync()
+        # Into the next rank's window: a write, a batch of 100, a write_with_imm.
+        mine.copy_(data(("regw", env.rank), (n,), torch.float32))
+        rdma.write(mine[:64], win[env.next]).wait(TIMEOUT)
+        rdma.batch_write([(mine[64 + 4 * i:68 + 4 * i], win[env.next], 4000 - 4 * i)
+                          for i in range(100)]).wait(TIMEOUT)
+        rdma.write_with_imm(mine[500:516], win[env.next], imm=77, offset=2000).wait(TIMEOUT)
+        assert first.result(TIMEOUT) == 77
+        assert not python_path, f"{len(python_path)} calls took the Python path"
+        want = data(("reg", env.rank), (n,), torch.float32)
+        sent = data(("regw", env.prev), (n,), torch.float32)
+        want[:64] = sent[:64]
+        for i in range(100):
+            want[4000 - 4 * i:4004 - 4 * i] = sent[64 + 4 * i:68 + 4 * i]
+        want[2000:2016] = sent[500:516]
+        same_bytes(win.tensor, want, "window after fast writes")
+        env.sync()
+        # Errors: the Python path's text, nothing moved.
+        A, E = rdma.RdmaAccessError, rdma.RdmaInvalidError
+        raises(E, "is torch.int32 but the remote one is torch.float32",
+               rdma.write, mine.view(torch.int32)[:16], win[env.next])
+        raises(A, "elements [4088, 4104) are outside the remote tensor of 4096",
+               rdma.write, mine[:16], win[env.next], n - 8)
+        raises(A, "offset is negative", rdma.read, mine[:16], win[env.next], -1)
+        raises(E, "imm must be an int", rdma.write_with_imm, mine[:1], win[env.next], -5)
+        bad = [(mine[i:i + 1], win[env.next], i) for i in range(10)]
+        raises(A, "write item 10: ", rdma.batch_write, bad + [(mine[:8], win[env.next], n - 1)])
+        raises(E, "write item 3: ", rdma.batch_write,
+               bad[:3] + [(mine.view(torch.int32)[:1], win[env.next], 0)])
+        env.sync()
+        same_bytes(win.tensor, want, "window after refused fast-path operations")
+        # Left to Python, and still right: this rank's own window, and a
+        # local region deregistered (its tensor is registered per call).
+        python_path.clear()
+        rdma.read(mine[:8], win[env.rank], 2000).wait(TIMEOUT)
+        same_bytes(mine[:8], want[2000:2008], "read of this rank's own window")
+        staging.deregister()
+        rdma.read(mine[:8], win[env.next], 8).wait(TIMEOUT)
+        same_bytes(mine[:8], data(("regw", env.rank), (n,), torch.float32)[8:16],
+                   "read into a deregistered region's tensor")   # what this rank wrote
+        assert len(python_path) == 2
+    finally:
+        ops._post_one, ops._post_many = post_one, post_many
+    env.sync()
+    win.free()
+
+
+@case
 def concurrent_disjoint_slices(env, rdma, expect):
     """Every rank, from 4 threads, writes its own slices of rank 0's
     window and reads the slices of every other rank's, all at once."""
