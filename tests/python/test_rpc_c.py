@@ -57,6 +57,8 @@ class Served:
                         call.reply(data)
                     except _C.SlimeTruncatedError:
                         pass  # the client gave up on a bulk reply: dropped
+                    except _C.SlimePeerLostError:
+                        pass  # the client's context closed while we slept
             except Exception as exc:  # reported by close()
                 self.errors.append(repr(exc))
 
