@@ -375,7 +375,8 @@ static void copy_stream(uint8_t *dst, const uint8_t *src, size_t n) {
  * processes), and skipping the line fills leaves the memory bus to the
  * sender's reads.  Measured with p2p_bench sendrecv (medians of 5,
  * loaded 2-core machine): 64 MiB 5.5 -> 6.8-7.0 GB/s, 16 MiB 5.9 ->
- * 6.4-7.1 GB/s; limits of 2, 4 and 8 MiB were within noise of each other.
+ * 6.4-7.1 GB/s; limits of 2, 4 and 8 MiB were within noise of each other
+ * there, but 1 MiB made a cache-hot 1 MiB torch ping-pong 3x slower.
  * The tail of a message stays in cache for whoever reads it next. */
 #define STREAM_MIN (4u << 20)
 
