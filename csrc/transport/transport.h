@@ -26,7 +26,10 @@ typedef struct transport_ops {
     slime_status_t (*send_welcome)(slime_ctx_t *ctx, pending_conn_t *pc,
                                    const wire_welcome_t *w, void **conn);
     /* Non-blocking byte stream: bytes moved, 0 if none now, or a negative
-     * slime_status_t when the connection broke (ep_fail already done). */
+     * slime_status_t when the connection broke (ep_fail already done).
+     * read's n is all that dst still waits for (the stream asks for a
+     * whole payload at once), so a transport may copy differently into
+     * a large destination (shm streams past the cache). */
     ssize_t (*read)(slime_ep_t *ep, void *dst, size_t n);
     ssize_t (*writev)(slime_ep_t *ep, const struct iovec *iov, int n);
     /* True when bytes wait to be read without asking the kernel (rings). */

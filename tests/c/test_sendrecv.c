@@ -367,6 +367,44 @@ static void case_test_polling(h_rank_t *r)
     free(buf);
 }
 
+/* Large receives on shm bypass the cache with 16-byte streaming stores
+ * once 4 MiB or more are still to come, memcpy for the rest: sizes
+ * around that limit, into destinations at odd addresses (the stores
+ * need 16-byte alignment, reached by a memcpy head), must land byte for
+ * byte, with the bytes on either side untouched. */
+static void case_stream_edges(h_rank_t *r)
+{
+    static const size_t lens[] = {(4u << 20) - 1, 4u << 20, (4u << 20) + 1, (4u << 20) + 63, (9u << 20) + 17};
+    const int peer = h_peer(r);
+    slime_ep_t *ep = r->ep[peer];
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        for (size_t mis = 0; mis < 16; mis += 5) {
+            const size_t len = lens[i];
+            const uint64_t tag = 500 + i * 16 + mis, seed = seed_of(tag, len, 0);
+            slime_req_t *req = NULL;
+            if (r->rank == 0) {
+                uint8_t *buf = h_alloc(len + mis);
+                h_fill(buf + mis, len, seed, 0);
+                H_CHECK_OK(slime_send(ep, buf + mis, len, tag, &req));
+                H_WAIT_FREE(req, SLIME_OK);
+                free(buf);
+                continue;
+            }
+            uint8_t *buf = h_alloc(GUARD + mis + len + GUARD);
+            memset(buf, GUARD_BYTE, GUARD + mis + len + GUARD);
+            uint8_t *dst = buf + GUARD + mis;
+            H_CHECK_OK(slime_recv(ep, dst, len, tag, &req));
+            H_WAIT(req, SLIME_OK);
+            H_CHECK_EQ(slime_req_bytes(req), len);
+            slime_req_free(req);
+            H_CHECK_PATTERN(dst, len, seed, 0);
+            H_CHECK_BYTES(buf, GUARD + mis, GUARD_BYTE);
+            H_CHECK_BYTES(dst + len, GUARD, GUARD_BYTE);
+            free(buf);
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -378,6 +416,7 @@ int main(int argc, char **argv)
         {"recv_any", case_recv_any, 3, false, 0},
         {"batch", case_batch, 2, false, 0},
         {"test_polling", case_test_polling, 2, false, 0},
+        {"stream_edges", case_stream_edges, 2, false, 0},
     };
     return h_main("test_sendrecv", cases, sizeof cases / sizeof cases[0],
                   argc, argv);
