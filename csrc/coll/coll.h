@@ -247,8 +247,8 @@ const uint8_t *ring_src_at(const ring_plan_t *p, int n, int b, size_t first);
 size_t coll_chunk_bytes(void);      /* pipeline unit; $DLSLIME_COLL_CHUNK */
 size_t coll_small_bytes(void);      /* latency algorithms up to this; $DLSLIME_COLL_SMALL */
 /* In-place rings of at least this many bytes may move chunks by
- * one-sided reads, in chunks twice as large; $DLSLIME_COLL_CMA_MIN.
- * These knobs must be the same on every rank. */
+ * one-sided reads, in chunks twice as large; $DLSLIME_COLL_CMA_MIN
+ * (default: never).  These knobs must be the same on every rank. */
 size_t coll_cma_min_bytes(void);
 
 /* ---- dtype.c ---- */

@@ -14,9 +14,10 @@
  * copies it straight out of the sender's buffer (one copy, by CMA,
  * instead of one into the shared ring and one out of it).  The sender of
  * a link chooses and says so first (link_hello_t), so both ends always
- * agree; DLSLIME_COLL_CMA=0 turns it off.  Measured on two cores, reads
- * pay from a few MiB up (below, the extra notices cost more than the
- * copy they save), see coll_cma_min_bytes().
+ * agree; DLSLIME_COLL_CMA=0 turns it off.  Since the shm stream got
+ * larger rings and streaming stores it is the faster way on two cores,
+ * so reads are only taken from $DLSLIME_COLL_CMA_MIN bytes, unset by
+ * default (see coll_cma_min_bytes()).
  *
  * A chunk may be overwritten by the next step's data only after its
  * reader is done with it.  That holds by causality: the value that will

@@ -420,8 +420,9 @@ SLIME_API slime_status_t slime_req_on_complete(slime_req_t *req,
  * and broadcast use latency-optimal trees, 64K), $DLSLIME_COLL_CHUNK
  * (pipeline chunk of the ring and chain algorithms, 512K),
  * $DLSLIME_COLL_CMA_MIN (ring buffers from which shm neighbours copy
- * chunks straight out of each other's memory, 4M); DLSLIME_COLL_CMA=0
- * turns those one-sided copies off. */
+ * chunks straight out of each other's memory; unset: none, the shm
+ * stream moves them faster on the machines measured); DLSLIME_COLL_CMA=0
+ * turns those one-sided copies off whatever the size. */
 
 typedef struct slime_comm slime_comm_t;
 
