@@ -31,12 +31,19 @@ static bool allgather_exec(coll_run_t *r, const coll_op_t *op) {
     return ring_run(r, &p);
 }
 
+/* The checks both entry points share: the communicator, the output
+ * request, and n x bytes fitting in memory. */
+static slime_status_t allgather_check(slime_comm_t *comm, slime_req_t **out, size_t bytes) {
+    slime_status_t st = coll_check(comm, out, "allgather", false, 0);
+    if (st == SLIME_OK && bytes > SIZE_MAX / (size_t)comm->size)
+        st = slime_errorf(SLIME_ERR_INVAL, "allgather: %d x %zu bytes overflow", comm->size, bytes);
+    return st;
+}
+
 slime_status_t slime_allgather_ptrs(slime_comm_t *comm, const void *src, size_t bytes, void *const *dst_blocks,
                                     slime_req_t **out) {
-    slime_status_t st = coll_check(comm, out, "allgather", false, 0);
+    slime_status_t st = allgather_check(comm, out, bytes);
     if (st != SLIME_OK) return st;
-    if (bytes > SIZE_MAX / (size_t)comm->size)
-        return slime_errorf(SLIME_ERR_INVAL, "allgather: %d x %zu bytes overflow", comm->size, bytes);
     if (bytes && !src) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL src buffer with %zu bytes", bytes);
     void **ptrs;
     st = coll_copy_blocks("allgather", "dst block", (const void *const *)dst_blocks, comm->size, bytes, "bytes", &ptrs);
@@ -47,10 +54,8 @@ slime_status_t slime_allgather_ptrs(slime_comm_t *comm, const void *src, size_t 
 
 slime_status_t slime_allgather(slime_comm_t *comm, const void *src, size_t bytes, void *dst,
                                slime_req_t **out) {
-    slime_status_t st = coll_check(comm, out, "allgather", false, 0);
+    slime_status_t st = allgather_check(comm, out, bytes);
     if (st != SLIME_OK) return st;
-    if (bytes > SIZE_MAX / (size_t)comm->size)
-        return slime_errorf(SLIME_ERR_INVAL, "allgather: %d x %zu bytes overflow", comm->size, bytes);
     if (bytes && !dst) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL dst buffer with %zu bytes", bytes);
     /* the same collective with each block's address spelled out */
     const void **blocks = coll_flat_blocks(dst, comm->size, bytes);
