@@ -67,13 +67,9 @@ static bool fail_at(coll_run_t *r, slime_status_t st, const xfer_t *x, const cha
 static int slot_new(coll_run_t *r) {
     for (size_t i = 0; i < r->nx; i++)
         if (!r->x[i].req) return (int)i;
-    if (r->nx == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 16;
-        xfer_t *x = realloc(r->x, cap * sizeof *x);
-        if (!x) return -1;
-        r->x = x;
-        r->cap = cap;
-    }
+    xfer_t *x = array_room(r->x, r->nx, &r->cap, sizeof *x, 16);
+    if (!x) return -1;
+    r->x = x;
     r->x[r->nx].req = NULL;
     return (int)r->nx++;
 }

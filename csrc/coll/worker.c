@@ -148,19 +148,13 @@ static size_t n_live, cap_live;
 
 bool coll_live_add(slime_comm_t *comm) {
     pthread_mutex_lock(&live_mu);
-    if (n_live == cap_live) {
-        size_t cap = cap_live ? 2 * cap_live : 16;
-        slime_comm_t **n = realloc(live, cap * sizeof *n);
-        if (!n) {
-            pthread_mutex_unlock(&live_mu);
-            return false;
-        }
-        live = n;
-        cap_live = cap;
+    slime_comm_t **grown = array_room(live, n_live, &cap_live, sizeof *live, 16);
+    if (grown) {
+        live = grown;
+        live[n_live++] = comm;
     }
-    live[n_live++] = comm;
     pthread_mutex_unlock(&live_mu);
-    return true;
+    return grown != NULL;
 }
 
 void coll_live_remove(slime_comm_t *comm) {

@@ -57,16 +57,12 @@ slime_status_t slime_mem_watch(void *addr, size_t len) {
         return slime_errorf(SLIME_ERR_INVAL, "slime_mem_watch: %p + %zu overlaps the watched %#lx + %lu", addr, len,
                             (unsigned long)r.start, (unsigned long)(r.end - r.start));
     }
-    if (n_ranges == cap_ranges) {
-        size_t cap = cap_ranges ? 2 * cap_ranges : 64;
-        range_t *n = realloc(ranges, cap * sizeof *n);
-        if (!n) {
-            pthread_mutex_unlock(&set_mu);
-            return slime_errorf(SLIME_ERR_NOMEM, "slime_mem_watch");
-        }
-        ranges = n;
-        cap_ranges = cap;
+    range_t *grown = array_room(ranges, n_ranges, &cap_ranges, sizeof *ranges, 64);
+    if (!grown) {
+        pthread_mutex_unlock(&set_mu);
+        return slime_errorf(SLIME_ERR_NOMEM, "slime_mem_watch");
     }
+    ranges = grown;
     memmove(&ranges[i + 1], &ranges[i], (n_ranges - i) * sizeof *ranges);
     ranges[i] = (range_t){a, a + len};
     n_ranges++;

@@ -59,18 +59,14 @@ slime_status_t slime_mem_alloc(size_t len, void **out) {
                             len, strerror(e));
     }
     pthread_mutex_lock(&g_lock);
-    if (g_n == g_cap) {
-        size_t cap = g_cap ? 2 * g_cap : 16;
-        shmem_block_t *b = realloc(g_blocks, cap * sizeof *b);
-        if (!b) {
-            pthread_mutex_unlock(&g_lock);
-            munmap(p, rounded);
-            close(fd);
-            return slime_errorf(SLIME_ERR_NOMEM, "mem_alloc: registry");
-        }
-        g_blocks = b;
-        g_cap = cap;
+    shmem_block_t *b = array_room(g_blocks, g_n, &g_cap, sizeof *g_blocks, 16);
+    if (!b) {
+        pthread_mutex_unlock(&g_lock);
+        munmap(p, rounded);
+        close(fd);
+        return slime_errorf(SLIME_ERR_NOMEM, "mem_alloc: registry");
     }
+    g_blocks = b;
     g_blocks[g_n++] = (shmem_block_t){.addr = p, .len = rounded, .fd = fd, .ino = (uint64_t)sb.st_ino};
     pthread_mutex_unlock(&g_lock);
     *out = p;
@@ -133,16 +129,12 @@ void shmem_dereg(mr_entry_t *e) {
 
 slime_status_t shmem_table_add(mr_shared_t *t) {
     pthread_mutex_lock(&g_lock);
-    if (g_n_tables == g_cap_tables) {
-        size_t cap = g_cap_tables ? 2 * g_cap_tables : 4;
-        mr_shared_t **n = realloc(g_tables, cap * sizeof *n);
-        if (!n) {
-            pthread_mutex_unlock(&g_lock);
-            return slime_errorf(SLIME_ERR_NOMEM, "ctx_create: shared allocation registry");
-        }
-        g_tables = n;
-        g_cap_tables = cap;
+    mr_shared_t **grown = array_room(g_tables, g_n_tables, &g_cap_tables, sizeof *g_tables, 4);
+    if (!grown) {
+        pthread_mutex_unlock(&g_lock);
+        return slime_errorf(SLIME_ERR_NOMEM, "ctx_create: shared allocation registry");
     }
+    g_tables = grown;
     g_tables[g_n_tables++] = t;
     pthread_mutex_unlock(&g_lock);
     return SLIME_OK;

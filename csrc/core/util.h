@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
 
 typedef struct slime_list {
@@ -56,6 +57,17 @@ static inline void cpu_relax(void) {
 }
 
 static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+/* Room for element n of a growing array of *cap elements of elem bytes:
+ * arr itself while n < *cap, else the array doubled (first elements the
+ * first time) with *cap updated; NULL when out of memory, arr intact. */
+static inline void *array_room(void *arr, size_t n, size_t *cap, size_t elem, size_t first) {
+    if (n < *cap) return arr;
+    size_t c = *cap ? 2 * *cap : first;
+    void *grown = realloc(arr, c * elem);
+    if (grown) *cap = c;
+    return grown;
+}
 
 /* Reads a size from the environment (decimal, optional K/M/G suffix). */
 size_t env_size(const char *name, size_t dflt);

@@ -32,13 +32,9 @@ static size_t idle_max;              /* bytes; read once */
 
 /* Under pool_mu: records p as handed out; false when out of memory. */
 static bool lend_locked(void *p, size_t cap) {
-    if (n_lent == cap_lent) {
-        size_t cap_new = cap_lent ? 2 * cap_lent : 16;
-        pooled_t *n = realloc(lent, cap_new * sizeof *n);
-        if (!n) return false;
-        lent = n;
-        cap_lent = cap_new;
-    }
+    pooled_t *grown = array_room(lent, n_lent, &cap_lent, sizeof *lent, 16);
+    if (!grown) return false;
+    lent = grown;
     lent[n_lent++] = (pooled_t){p, cap};
     return true;
 }
