@@ -176,8 +176,7 @@ static bool link_is_shm(const ring_state_t *g, int peer) {
 }
 
 static bool cma_allowed(void) {
-    const char *v = getenv("DLSLIME_COLL_CMA");
-    return !(v && v[0] == '0');
+    return !env_off("DLSLIME_COLL_CMA");
 }
 
 static void blocks_dereg(ring_state_t *g) {

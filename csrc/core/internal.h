@@ -136,6 +136,8 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey,
                                 uint64_t *addr, char *why, size_t whylen);
 void mr_table_release(mr_shared_t *t, uint64_t handle);
 slime_status_t mr_table_create(int *fd, mr_shared_t **out);
+/* hugepages.c: moves a region's whole huge pages onto huge pages (a hint). */
+void mr_use_huge_pages(void *addr, size_t len);
 
 /* shmem.c: shared allocations.  shmem_reg fills e's shm_* fields (shm_fd
  * -1 when addr is not inside a block) and counts the registration;

@@ -84,6 +84,8 @@ slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr, size_t len, unsigned a
     mr->addr = addr;
     mr->len = len;
     mr->access = access;
+    /* before verbs pins it: peers will pin it for every op */
+    if (access & (SLIME_ACCESS_REMOTE_READ | SLIME_ACCESS_REMOTE_WRITE)) mr_use_huge_pages(addr, len);
     slime_status_t st;
     if (ctx->verbs && (st = verbs_mr_reg(ctx, mr)) != SLIME_OK) {
         free(mr);

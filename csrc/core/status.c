@@ -65,6 +65,11 @@ slime_status_t slime_errorf(slime_status_t st, const char *fmt, ...) {
     return st;
 }
 
+bool env_off(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] == '0';
+}
+
 size_t env_size(const char *name, size_t dflt) {
     const char *v = getenv(name);
     if (!v || !*v) return dflt;

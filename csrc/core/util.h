@@ -2,6 +2,7 @@
 #ifndef SLIME_UTIL_H
 #define SLIME_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -69,7 +70,12 @@ static inline void *array_room(void *arr, size_t n, size_t *cap, size_t elem, si
     return grown;
 }
 
-/* Reads a size from the environment (decimal, optional K/M/G suffix). */
+/* Reads a size from the environment (decimal, optional K/M/G suffix);
+ * unset, empty or 0 gives dflt. */
 size_t env_size(const char *name, size_t dflt);
+
+/* Whether a feature switch in the environment is turned off: set to a
+ * value starting with '0'.  Unset means on. */
+bool env_off(const char *name);
 
 #endif

@@ -105,11 +105,9 @@ static shm_conn_t *conn_build(int sock, uint8_t *seg, size_t seg_len, mr_shared_
     c->rxd = dialer ? d1 : d0;
     c->peer = peer;
     c->peer_pid = peer_pid_of(sock);
-    const char *cma = getenv("DLSLIME_SHM_CMA");
-    c->cma = c->peer_pid > 0 && !(cma && cma[0] == '0');
+    c->cma = c->peer_pid > 0 && !env_off("DLSLIME_SHM_CMA");
     /* DLSLIME_SHM_MAP=0: CMA even for the peer's shared blocks (to compare) */
-    const char *map = getenv("DLSLIME_SHM_MAP");
-    c->map = c->cma && !(map && map[0] == '0') ? peermap_new(c->peer_pid, peer) : NULL;
+    c->map = c->cma && !env_off("DLSLIME_SHM_MAP") ? peermap_new(c->peer_pid, peer) : NULL;
     return c;
 }
 

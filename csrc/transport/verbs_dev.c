@@ -231,8 +231,7 @@ static struct ibv_device *find_device(struct ibv_device **list, int n, const cha
 
 slime_status_t verbs_open(slime_ctx_t *ctx, bool forced) {
     ctx->verbs = NULL;
-    const char *off = getenv("DLSLIME_VERBS");
-    if (!forced && off && off[0] == '0') return SLIME_OK; /* auto mode may be told to leave devices alone */
+    if (!forced && env_off("DLSLIME_VERBS")) return SLIME_OK; /* auto mode may be told to leave devices alone */
     if (!forced && !can_pin()) return SLIME_OK;
     char why[1024] = "";
     if (!verbs_api_load(why, sizeof why))

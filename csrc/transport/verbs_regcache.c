@@ -72,8 +72,7 @@ regcache_t *regcache_new(verbs_dev_t *dev) {
     rc->dev = dev;
     pthread_mutex_init(&rc->mu, NULL);
     list_init(&rc->lru);
-    const char *on = getenv("DLSLIME_VERBS_REGCACHE");
-    rc->enabled = !(on && on[0] == '0');
+    rc->enabled = !env_off("DLSLIME_VERBS_REGCACHE");
     rc->max_bytes = env_size("DLSLIME_VERBS_REGCACHE_MB", 1024) << 20;
     /* without the notices nothing may be kept */
     if (rc->enabled) rc->enabled = rc->subscribed = memwatch_subscribe(on_unwatch, rc);
