@@ -39,6 +39,19 @@ def _allocations(rank, size, store):
     # raw allocations (as ops' workspaces use) go through the same deleter
     t = torch.arange(BIG, dtype=torch.int64).flip(0).sort().values
     seen["op_result"] = _watched(t) and bool((t == torch.arange(BIG)).all())
+    # from 2 MiB tensors start on a huge-page boundary; allocated and freed
+    # in turns (so freed memory is reused), each keeps its bytes
+    huge = 2 << 20
+    starts, kept = set(), True
+    for i in range(64):
+        n = huge + 4096 * (i % 5) + (i % 3)
+        a = torch.full((n,), i % 251, dtype=torch.uint8)
+        b = torch.full((n // 8,), i, dtype=torch.int64)
+        starts |= {a.data_ptr() % huge, b.data_ptr() % huge}
+        kept &= bool((a == i % 251).all()) and bool((b == i).all()) and _watched(a) and _watched(b)
+        del a, b
+    seen["huge_aligned"] = starts == {0} and kept
+    seen["1MiB_any_start"] = torch.empty(BIG, dtype=torch.uint8).data_ptr() % huge != 0
     # the data moves as before
     x = torch.full((BIG // 4,), float(rank + 1))
     dist.all_reduce(x)
@@ -50,7 +63,8 @@ def _allocations(rank, size, store):
 def test_large_tensors_are_watched_from_allocation_to_free():
     for seen in run_job(2, _allocations):
         assert seen == {"before": False, "big": True, "small": False, "freed": False,
-                        "again": True, "op_result": True, "all_reduce": True}, seen
+                        "again": True, "op_result": True, "huge_aligned": True,
+                        "1MiB_any_start": True, "all_reduce": True}, seen
 
 
 def _switched_off(rank, size, store):
