@@ -444,14 +444,13 @@ int proto_rma_progress(slime_ep_t *ep) {
         if (st == SLIME_INPROGRESS) break;
         if (st == SLIME_OK) budget -= min_sz(budget, r->done - before);
         if (st == SLIME_ERR_UNSUPPORTED) {
-            /* the kernel refuses CMA here: everything queued goes by frames */
-            while ((r = list_first(&ep->rmaq, slime_req_t, qlink))) {
-                list_del(&r->qlink);
-                r->done = 0;
-                post_frames(ep, r);
-            }
+            /* the transport leaves this op to frames (too large, or the
+             * kernel refuses it: then it says so for every op queued) */
+            list_del(&r->qlink);
+            r->done = 0;
+            post_frames(ep, r);
             stream_flush(ep);
-            break;
+            continue;
         }
         if (st != SLIME_OK) continue; /* rma completed it with the error */
         list_del(&r->qlink);

@@ -38,7 +38,8 @@ typedef struct transport_ops {
     void (*fd_event)(slime_ep_t *ep, uint32_t events);
     /* One-sided copy done by the initiator alone; NULL if unsupported.
      * Moves at most max bytes of req; SLIME_INPROGRESS while bytes remain,
-     * SLIME_ERR_UNSUPPORTED when the kernel refuses (fall back to frames). */
+     * SLIME_ERR_UNSUPPORTED to leave req to frames, from its first byte
+     * (the kernel refuses, or frames are the faster way for it). */
     slime_status_t (*rma)(slime_ep_t *ep, slime_req_t *req, size_t max);
     /* Releases the connection (fd included). */
     void (*close)(slime_ep_t *ep);

@@ -547,6 +547,67 @@ static void case_threads_large(h_rank_t *r)
     h_ctl_send_u64(r, 0, 1);
 }
 
+/* Ops on both sides of the size from which shm leaves unmapped one-sided
+ * ops to the rings (DLSLIME_SHM_CMA_MAX, 32 MiB), queued together in one
+ * batch so each path runs with ops of the other queued around it: small
+ * and 8 MiB ops go by CMA, 40 MiB ones (a write, a read, a write_imm)
+ * by frames.  Every byte lands where its op says, the immediate after
+ * its data. */
+#define PATHS_BIG ((40u << 20) + 5u)
+#define PATHS_MID ((8u << 20) + 3u)
+#define PATHS_REGION (2u * PATHS_BIG + 2u * PATHS_MID + 4096u)
+
+static void case_size_paths(h_rank_t *r)
+{
+    /* remote layout: BIG written with the immediate, BIG read, MID
+     * written, 100 bytes written, then (from small + 4096) MID read */
+    const size_t w_big = 0, r_big = PATHS_BIG, w_mid = 2u * PATHS_BIG, small = w_mid + PATHS_MID,
+                 r_mid = small + 4096u;
+    if (r->rank == 1) {
+        region_t g = region_new(r->ctx, PATHS_REGION, 1, SEED_TARGET);
+        h_send_desc(r, 0, g.mr);
+        slime_req_t *req = NULL;
+        H_CHECK_OK(slime_imm_recv(r->ep[0], &req));
+        H_WAIT(req, SLIME_OK);
+        H_CHECK_EQ(slime_req_imm(req), 77);
+        slime_req_free(req);
+        /* the write_imm's data was in place when its immediate came */
+        H_CHECK_PATTERN(g.base + w_big, PATHS_BIG, SEED_LOCAL + 2, 0);
+        serve_until_done(r, &g, 1);
+        H_CHECK_PATTERN(g.base + r_big, PATHS_BIG, SEED_TARGET, r_big);
+        H_CHECK_PATTERN(g.base + w_mid, PATHS_MID, SEED_LOCAL, 0);
+        H_CHECK_PATTERN(g.base + small, 100, SEED_LOCAL + 1, 0);
+        H_CHECK_PATTERN(g.base + small + 100, PATHS_REGION - small - 100, SEED_TARGET, small + 100);
+        region_free(&g);
+        return;
+    }
+    slime_mr_desc_t d = h_recv_desc(r, 1);
+    region_t mid = region_new(r->ctx, PATHS_MID, 0, SEED_LOCAL);
+    region_t tiny = region_new(r->ctx, 100, 0, SEED_LOCAL + 1);
+    region_t big = region_new(r->ctx, PATHS_BIG, 0, SEED_LOCAL + 2);
+    region_t in = region_new(r->ctx, PATHS_BIG + PATHS_MID, 0, 0);
+    slime_op_t ops[] = {
+        {.kind = SLIME_OP_WRITE, .ep = r->ep[1], .len = 100, .local = tiny.mr, .remote = &d, .remote_off = small},
+        {.kind = SLIME_OP_READ, .ep = r->ep[1], .len = PATHS_BIG, .local = in.mr, .remote = &d, .remote_off = r_big},
+        {.kind = SLIME_OP_READ, .ep = r->ep[1], .len = PATHS_MID, .local = in.mr, .local_off = PATHS_BIG,
+         .remote = &d, .remote_off = r_mid},
+        {.kind = SLIME_OP_WRITE, .ep = r->ep[1], .len = PATHS_MID, .local = mid.mr, .remote = &d, .remote_off = w_mid},
+        {.kind = SLIME_OP_WRITE_IMM, .ep = r->ep[1], .len = PATHS_BIG, .local = big.mr, .remote = &d,
+         .remote_off = w_big, .imm = 77},
+    };
+    slime_req_t *req = NULL;
+    H_CHECK_OK(slime_batch(r->ctx, ops, sizeof ops / sizeof ops[0], &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    H_CHECK_PATTERN(in.base, PATHS_BIG, SEED_TARGET, r_big);
+    H_CHECK_PATTERN(in.base + PATHS_BIG, PATHS_MID, SEED_TARGET, r_mid);
+    h_ctl_send_u64(r, 1, 1);
+    region_check_guards(&in, 0);
+    region_free(&mid);
+    region_free(&tiny);
+    region_free(&big);
+    region_free(&in);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -558,6 +619,7 @@ int main(int argc, char **argv)
         {"batch_runs", case_batch_runs, 2, false, 0},
         {"concurrent_writers", case_concurrent_writers, 3, false, 0},
         {"threads_large", case_threads_large, 2, false, 0},
+        {"size_paths", case_size_paths, 2, false, 0},
     };
     return h_main("test_onesided", cases, sizeof cases / sizeof cases[0],
                   argc, argv);
