@@ -154,6 +154,8 @@ class Rank:
         text or None, agreed by both ranks."""
         torch, seed, err = self.torch, size % 997 + METHODS.index(method), None
         want = pattern(size, seed)
+        # rank 0 may still be timing one-sided writes into rank 1's buffer
+        self.dist.barrier()
         self.buf[:size].zero_()
         if method in ("read", "read_batch") and self.rank == 1:
             self.buf[:size].copy_(want)
