@@ -537,7 +537,6 @@ static void rma_coalesce(slime_ep_t *ep, slime_req_t *head) {
 static slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max) {
     shm_conn_t *c = ep->conn;
     if (!c->cma) return SLIME_ERR_UNSUPPORTED;
-    /* the unmapped ops above cma_max are checked once mapped is known */
     /* the head of the queue (which rma is always given) with ops behind it */
     if (req->done == 0 && req->len <= COALESCE_OP_MAX && req->qlink.next != &ep->rmaq)
         rma_coalesce(ep, req);
