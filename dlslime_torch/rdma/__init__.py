@@ -37,6 +37,13 @@ at once.
 Fast memory: rdma.zeros(shape, dtype=...) allocates a tensor in a block
 shm peers map, so reads and writes of it from the same host are memcpy,
 with no system call per op (dlslime_torch.rdma.memory).
+Ordinary tensors are copied by the kernel (cross-memory attach), which
+pins the target's pages for every op; registering one therefore moves
+its whole 2 MiB pages onto huge pages, once (DLSLIME_MR_HUGEPAGES=0: not),
+and while the "dlslime" backend is up, tensors of 2 MiB or more start on
+a 2 MiB boundary, so that this covers all of them but their tail.  Ops
+larger than 32 MiB on them go through the shm ring instead, served by the
+owner's progress thread (DLSLIME_SHM_CMA_MAX).
 
 Tensors: CPU, contiguous (a slice along the first dimension of a
 contiguous tensor is contiguous).  A local tensor lying inside a Region
