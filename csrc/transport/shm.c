@@ -445,10 +445,15 @@ static void shm_fd_event(slime_ep_t *ep, uint32_t events) {
 /* One-sided ops are copied in pieces of this size by the context's copy
  * team (core/team.c): one core alone copies at half the speed of two,
  * and small pieces let the caller take most of them while a helper is
- * still waking up.  A mapped block is copied with memcpy, which one core
- * does fast enough that a helper pays only from 2 MiB (measured). */
+ * still waking up.  Below the team minimum the caller copies alone, as
+ * waking a helper costs more than it saves: a mapped block is copied
+ * with memcpy, where a helper pays only from 2 MiB; CMA of a registered
+ * region, which is on huge pages (core/hugepages.c), ran one core at
+ * 27 GB/s, and 1-2 MiB ops took 47-49 / 87-91 us alone against 57-76 /
+ * 99-103 us with the team (rdma_bench, measured alternately). */
 #define RMA_PIECE (512u << 10)
 #define MAPPED_TEAM_MIN (2u << 20)
+#define CMA_TEAM_MIN (4u << 20)
 
 /* A share of a one-sided op, copied by whichever team thread claims it:
  * with memcpy where the peer's block is mapped here (shm_peermap.c),
@@ -556,7 +561,7 @@ static slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max) {
             mr_table_release(c->peer, req->r_handle);
             return SLIME_ERR_UNSUPPORTED; /* by the rings, see CMA_MAX */
         }
-        st = team_run(ep->ctx, rma_piece, &j, k, j.mapped && k < MAPPED_TEAM_MIN ? k : RMA_PIECE);
+        st = team_run(ep->ctx, rma_piece, &j, k, k < (j.mapped ? MAPPED_TEAM_MIN : CMA_TEAM_MIN) ? k : RMA_PIECE);
         mr_table_release(c->peer, req->r_handle);
         if (st == SLIME_OK) {
             req->done += k;
