@@ -59,6 +59,8 @@ struct slime_req {
      * instead of copying it; NULL for a plain receive */
     slime_combine_fn combine;
     size_t esize;
+    /* recv_opts_t.cold */
+    bool cold;
     slime_mr_t *local_mr;       /* RMA: the local region, pinned */
     /* batches */
     slime_req_t *parent;
@@ -265,11 +267,21 @@ void proto_post_rma(slime_ep_t *ep, slime_req_t *req);
 void proto_rma_start(slime_ep_t *ep);
 int proto_rma_progress(slime_ep_t *ep);
 void umsg_free(slime_ctx_t *ctx, umsg_t *m);
+/* How a receive of the library's own lands its payload. */
+typedef struct recv_opts {
+    /* non-NULL: fold the payload into buf with combine (combine.c),
+     * elements of esize bytes (at most 16, buf aligned for them) */
+    slime_combine_fn combine;
+    size_t esize;
+    /* buf is a piece of a larger buffer that is still filling and will
+     * not be read soon (a collective's chunk): a transport may store
+     * past the cache, as it does for a large receive */
+    bool cold;
+} recv_opts_t;
+/* slime_recv with the options o (ops.c). */
+slime_status_t ep_recv_opts(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, const recv_opts_t *o,
+                            slime_req_t **out);
 /* combine.c: combining receives (slime_recv_reduce) */
-/* Posts a receive that folds its payload into buf with fn (elements of
- * esize bytes, at most 16, buf aligned for them) instead of copying it. */
-slime_status_t ep_recv_combine(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, slime_combine_fn fn,
-                               size_t esize, slime_req_t **out);
 /* A combining receive cannot take a message of len bytes (not a whole
  * number of elements). */
 bool recv_misfit(const slime_req_t *r, uint64_t len);

@@ -120,9 +120,9 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
     }
 }
 
-/* fn: a receive that folds its payload in (combine.c), else NULL */
-static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_ep_t *ep, slime_combine_fn fn,
-                                  size_t esize, slime_req_t **out) {
+/* ro: a receive's options (ep_recv_opts), else NULL */
+static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_ep_t *ep, const recv_opts_t *ro,
+                                  slime_req_t **out) {
     if (out) *out = NULL;
     if (!out) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL request pointer", op_name(op->kind));
     pthread_mutex_lock(&ctx->lock);
@@ -135,8 +135,11 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
     if (st == SLIME_OK && !req) st = slime_errorf(SLIME_ERR_NOMEM, "%s: out of memory", op_name(op->kind));
     if (st == SLIME_OK) {
         /* before op_post, which may match a queued message at once */
-        req->combine = fn;
-        req->esize = esize;
+        if (ro) {
+            req->combine = ro->combine;
+            req->esize = ro->esize;
+            req->cold = ro->cold;
+        }
         op_post(ctx, op, &d, req);
     }
     pthread_mutex_unlock(&ctx->lock);
@@ -145,7 +148,7 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
 }
 
 static slime_status_t post_one(slime_ctx_t *ctx, const slime_op_t *op, slime_ep_t *ep, slime_req_t **out) {
-    return post_one_ex(ctx, op, ep, NULL, 0, out);
+    return post_one_ex(ctx, op, ep, NULL, out);
 }
 
 slime_status_t slime_send(slime_ep_t *ep, const void *buf, size_t len, uint64_t tag, slime_req_t **out) {
@@ -160,13 +163,13 @@ slime_status_t slime_recv(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, s
     return post_one(ep->ctx, &op, ep, out);
 }
 
-slime_status_t ep_recv_combine(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, slime_combine_fn fn,
-                               size_t esize, slime_req_t **out) {
+slime_status_t ep_recv_opts(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, const recv_opts_t *o,
+                            slime_req_t **out) {
     if (!ep) return slime_errorf(SLIME_ERR_INVAL, "recv: NULL endpoint");
-    if (!fn || esize == 0 || esize > sizeof ep->rx.carry)
-        return slime_errorf(SLIME_ERR_INVAL, "recv: bad combining function (element of %zu bytes)", esize);
+    if (o->combine && (o->esize == 0 || o->esize > sizeof ep->rx.carry))
+        return slime_errorf(SLIME_ERR_INVAL, "recv: bad combining function (element of %zu bytes)", o->esize);
     slime_op_t op = {.kind = SLIME_OP_RECV, .ep = ep, .buf = buf, .len = cap, .tag = tag};
-    return post_one_ex(ep->ctx, &op, ep, fn, esize, out);
+    return post_one_ex(ep->ctx, &op, ep, o, out);
 }
 
 slime_status_t slime_recv_any(slime_ctx_t *ctx, void *buf, size_t cap, uint64_t tag, slime_req_t **out) {

@@ -390,6 +390,12 @@ static void rx_release(shm_conn_t *c, uint64_t head) {
     }
 }
 
+/* The receive being read into asked for that (recv_opts_t.cold): a
+ * collective's chunk, the rest of whose buffer is still to come. */
+static bool rx_cold(const slime_ep_t *ep) {
+    return ep->rx.state == RX_PAYLOAD && ep->rx.sink == SINK_RECV && ep->rx.req->cold;
+}
+
 static ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
     shm_conn_t *c = ep->conn;
     uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
@@ -398,7 +404,7 @@ static ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
     size_t k = min_sz(min_sz(n, (size_t)(tail - head)), (size_t)c->chunk);
     if (k == 0) return 0;
     size_t at = (size_t)(head % c->size), first = min_sz(k, (size_t)c->size - at);
-    if (n >= STREAM_MIN) {
+    if (n >= STREAM_MIN || rx_cold(ep)) {
         copy_stream(dst, c->rxd + at, first);
         if (k > first) copy_stream((uint8_t *)dst + first, c->rxd, k - first);
     } else {
