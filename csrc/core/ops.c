@@ -126,7 +126,7 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
     if (out) *out = NULL;
     if (!out) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL request pointer", op_name(op->kind));
     pthread_mutex_lock(&ctx->lock);
-    wire_desc_t d;
+    wire_desc_t d = {0}; /* recv_any checks nothing into it; -O3 sees that */
     slime_status_t st = ep ? op_check(ctx, op, &d) : SLIME_OK;
     slime_req_t *req = st == SLIME_OK ? req_new(ctx, op->kind == SLIME_OP_SEND ? REQ_SEND
                                                  : op->kind == SLIME_OP_RECV ? REQ_RECV
