@@ -187,6 +187,13 @@ void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op);
 /* Post one message of this collective; a handle, or -1 once failed. */
 int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
 int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len);
+/* run_recv into a piece of a large buffer that nobody reads before the
+ * collective ends (recv_opts_t.cold): shm stores it past the cache. */
+int run_recv_cold(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len);
+/* A receive that reduces the count elements it gets into buf with op
+ * (AVG as SUM) instead of copying them (slime_recv_reduce). */
+int run_recv_reduce(coll_run_t *r, int peer, uint32_t step, void *buf, size_t count, slime_dtype_t dt,
+                    slime_redop_t op);
 /* One-sided: len bytes of peer's region `remote` at roff into local at off. */
 int run_read(coll_run_t *r, int peer, uint32_t step, slime_mr_t *local, size_t off,
              const slime_mr_desc_t *remote, size_t roff, size_t len);

@@ -126,6 +126,22 @@ int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len) {
     return post(r, true, peer, step, buf, len);
 }
 
+int run_recv_cold(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len) {
+    int h = slot_begin(r, peer, step, true, false, len);
+    if (h < 0) return -1;
+    uint64_t tag = comm_coll_tag(r->comm, r->op->seq, step);
+    recv_opts_t o = {.cold = true};
+    return slot_posted(r, h, ep_recv_opts(r->comm->peers[peer], buf, len, tag, &o, &r->x[h].req));
+}
+
+int run_recv_reduce(coll_run_t *r, int peer, uint32_t step, void *buf, size_t count, slime_dtype_t dt,
+                    slime_redop_t op) {
+    int h = slot_begin(r, peer, step, true, false, count * slime_dtype_size(dt));
+    if (h < 0) return -1;
+    uint64_t tag = comm_coll_tag(r->comm, r->op->seq, step);
+    return slot_posted(r, h, slime_recv_reduce(r->comm->peers[peer], buf, count, dt, op, tag, &r->x[h].req));
+}
+
 int run_read(coll_run_t *r, int peer, uint32_t step, slime_mr_t *local, size_t off,
              const slime_mr_desc_t *remote, size_t roff, size_t len) {
     /* it writes into our memory like a receive: never detach it early */

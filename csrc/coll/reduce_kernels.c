@@ -130,6 +130,10 @@ void red_accumulate(slime_dtype_t dt, slime_redop_t op, void *acc, const void *i
     if (n) kernels[dt][op].acc(acc, in, n);
 }
 
+void (*red_accumulator(slime_dtype_t dt, slime_redop_t op))(void *acc, const void *in, size_t n) {
+    return kernels[dt][op].acc;
+}
+
 void red_combine(slime_dtype_t dt, slime_redop_t op, void *out, const void *a, const void *b,
                  size_t n) {
     if (n) kernels[dt][op].comb(out, a, b, n);

@@ -12,6 +12,9 @@ void red_accumulate(slime_dtype_t dt, slime_redop_t op, void *acc, const void *i
 /* out[i] = a[i] op b[i]; out overlaps neither input. */
 void red_combine(slime_dtype_t dt, slime_redop_t op, void *out, const void *a, const void *b,
                  size_t n);
+/* The loop red_accumulate runs for (dt, op), for a combining receive;
+ * dt and op must have passed slime_redop_check. */
+void (*red_accumulator(slime_dtype_t dt, slime_redop_t op))(void *acc, const void *in, size_t n);
 /* AVG's last step: buf[i] /= divisor (floating types). */
 void red_divide(slime_dtype_t dt, void *buf, size_t n, int divisor);
 

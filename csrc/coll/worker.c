@@ -73,7 +73,9 @@ static void comm_break(slime_comm_t *comm, slime_status_t st, const char *text) 
     bool first = comm->broken == SLIME_OK;
     if (first) {
         comm->broken = st;
-        snprintf(comm->broken_text, sizeof comm->broken_text, "%s", text);
+        /* the cause may be longer than what is kept of it: cut it, and
+         * say so to GCC, whose -O3 format-truncation check fails the build */
+        snprintf(comm->broken_text, sizeof comm->broken_text, "%.*s", (int)sizeof comm->broken_text - 1, text);
     }
     pthread_mutex_unlock(&comm->mu);
     if (first && st != SLIME_ERR_CLOSED) abort_broadcast(comm, st, text);

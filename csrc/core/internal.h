@@ -18,6 +18,9 @@ struct transport_ops;
 struct mr_shared;
 struct verbs_dev;
 
+/* acc[i] = acc[i] op in[i] over n elements (the ranges do not overlap) */
+typedef void (*slime_combine_fn)(void *acc, const void *in, size_t n);
+
 /* ---- errors (status.c) ---- */
 slime_status_t slime_errorf(slime_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -51,6 +54,13 @@ struct slime_req {
     uint64_t r_handle, r_off;   /* RMA target */
     uint32_t r_rkey;
     uint64_t peer_req;          /* rendezvous: the peer's request id */
+    /* a combining receive (combine.c): folds the payload into buf,
+     * buf[i] = combine(buf[i], in[i]) over elements of esize bytes,
+     * instead of copying it; NULL for a plain receive */
+    slime_combine_fn combine;
+    size_t esize;
+    /* recv_opts_t.cold */
+    bool cold;
     slime_mr_t *local_mr;       /* RMA: the local region, pinned */
     /* batches */
     slime_req_t *parent;
@@ -150,7 +160,7 @@ slime_status_t desc_check(const slime_ep_t *ep, const slime_mr_desc_t *d,
                           uint64_t off, uint64_t len, unsigned access,
                           wire_desc_t *out);
 
-/* ---- the stream protocol (stream.c, proto.c) ---- */
+/* ---- the stream protocol (stream.c, proto.c, combine.c) ---- */
 typedef struct txn {
     slime_list_t link;
     frame_t hdr;
@@ -177,6 +187,9 @@ typedef struct rx_ctx {
     slime_status_t status;      /* WRITE/READ/TEXT outcome */
     char text[WIRE_ERRTEXT_MAX];
     bool paused;                /* waiting for unexpected-buffer room */
+    /* a combining receive: the bytes of an element split between two
+     * reads, until the element is whole (got % esize of them) */
+    _Alignas(16) uint8_t carry[16];
 } rx_ctx_t;
 
 /* A message that arrived before its receive was posted. */
@@ -256,6 +269,31 @@ void proto_post_rma(slime_ep_t *ep, slime_req_t *req);
 void proto_rma_start(slime_ep_t *ep);
 int proto_rma_progress(slime_ep_t *ep);
 void umsg_free(slime_ctx_t *ctx, umsg_t *m);
+/* How a receive of the library's own lands its payload. */
+typedef struct recv_opts {
+    /* non-NULL: fold the payload into buf with combine (combine.c),
+     * elements of esize bytes (at most 16, buf aligned for them) */
+    slime_combine_fn combine;
+    size_t esize;
+    /* buf is a piece of a larger buffer that is still filling and will
+     * not be read soon (a collective's chunk): a transport may store
+     * past the cache, as it does for a large receive */
+    bool cold;
+} recv_opts_t;
+/* slime_recv with the options o (ops.c). */
+slime_status_t ep_recv_opts(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, const recv_opts_t *o,
+                            slime_req_t **out);
+/* combine.c: combining receives (slime_recv_reduce) */
+/* A combining receive cannot take a message of len bytes (not a whole
+ * number of elements). */
+bool recv_misfit(const slime_req_t *r, uint64_t len);
+/* Fails r for a message of len bytes that is too long or a misfit. */
+void recv_refuse(slime_req_t *r, uint64_t len);
+/* Lands a whole message held in memory in r: copied, or folded in. */
+void recv_deliver(slime_req_t *r, const void *data, size_t len);
+/* The payload loop's step for a combining receive: folds what the
+ * transport has of the payload into the receive; bytes, 0, or < 0. */
+ssize_t stream_rx_combine(slime_ep_t *ep);
 
 /* ---- the context (ctx.c, progress.c) ---- */
 enum pollable_kind { POLL_WAKE, POLL_TCP_LISTEN, POLL_SHM_LISTEN, POLL_PENDING, POLL_EP };

@@ -120,21 +120,35 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
     }
 }
 
-static slime_status_t post_one(slime_ctx_t *ctx, const slime_op_t *op, slime_ep_t *ep, slime_req_t **out) {
+/* ro: a receive's options (ep_recv_opts), else NULL */
+static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_ep_t *ep, const recv_opts_t *ro,
+                                  slime_req_t **out) {
     if (out) *out = NULL;
     if (!out) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL request pointer", op_name(op->kind));
     pthread_mutex_lock(&ctx->lock);
-    wire_desc_t d;
+    wire_desc_t d = {0}; /* recv_any checks nothing into it; -O3 sees that */
     slime_status_t st = ep ? op_check(ctx, op, &d) : SLIME_OK;
     slime_req_t *req = st == SLIME_OK ? req_new(ctx, op->kind == SLIME_OP_SEND ? REQ_SEND
                                                  : op->kind == SLIME_OP_RECV ? REQ_RECV
                                                  : op->kind == SLIME_OP_READ ? REQ_READ : REQ_WRITE, ep)
                                       : NULL;
     if (st == SLIME_OK && !req) st = slime_errorf(SLIME_ERR_NOMEM, "%s: out of memory", op_name(op->kind));
-    if (st == SLIME_OK) op_post(ctx, op, &d, req);
+    if (st == SLIME_OK) {
+        /* before op_post, which may match a queued message at once */
+        if (ro) {
+            req->combine = ro->combine;
+            req->esize = ro->esize;
+            req->cold = ro->cold;
+        }
+        op_post(ctx, op, &d, req);
+    }
     pthread_mutex_unlock(&ctx->lock);
     *out = req;
     return st;
+}
+
+static slime_status_t post_one(slime_ctx_t *ctx, const slime_op_t *op, slime_ep_t *ep, slime_req_t **out) {
+    return post_one_ex(ctx, op, ep, NULL, out);
 }
 
 slime_status_t slime_send(slime_ep_t *ep, const void *buf, size_t len, uint64_t tag, slime_req_t **out) {
@@ -147,6 +161,15 @@ slime_status_t slime_recv(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, s
     if (!ep) return slime_errorf(SLIME_ERR_INVAL, "recv: NULL endpoint");
     slime_op_t op = {.kind = SLIME_OP_RECV, .ep = ep, .buf = buf, .len = cap, .tag = tag};
     return post_one(ep->ctx, &op, ep, out);
+}
+
+slime_status_t ep_recv_opts(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, const recv_opts_t *o,
+                            slime_req_t **out) {
+    if (!ep) return slime_errorf(SLIME_ERR_INVAL, "recv: NULL endpoint");
+    if (o->combine && (o->esize == 0 || o->esize > sizeof ep->rx.carry))
+        return slime_errorf(SLIME_ERR_INVAL, "recv: bad combining function (element of %zu bytes)", o->esize);
+    slime_op_t op = {.kind = SLIME_OP_RECV, .ep = ep, .buf = buf, .len = cap, .tag = tag};
+    return post_one_ex(ep->ctx, &op, ep, o, out);
 }
 
 slime_status_t slime_recv_any(slime_ctx_t *ctx, void *buf, size_t cap, uint64_t tag, slime_req_t **out) {

@@ -67,11 +67,6 @@ void proto_send_cts(slime_ep_t *ep, uint64_t sreq, slime_req_t *recv, slime_stat
     send_frame(ep, t);
 }
 
-static void trunc_fail(slime_req_t *r, uint64_t len) {
-    req_complete(r, SLIME_ERR_TRUNCATED, "message of %" PRIu64 " bytes is larger than the receive buffer of %zu bytes",
-                 len, r->len);
-}
-
 void proto_rndv_done(slime_ep_t *ep, uint64_t sreq, slime_status_t st) {
     txn_t *t = txn_new(F_RNDV_DONE, 0);
     if (!t) { ep_fail(ep, SLIME_ERR_NOMEM, "out of memory for a rendezvous-done frame"); return; }
@@ -90,14 +85,16 @@ typedef struct rts_info {
 /* A receive met a rendezvous announcement: fetch the data where the
  * transport can, else ask for it. */
 static void rts_matched(slime_ep_t *ep, slime_req_t *r, const rts_info_t *in) {
-    if (in->len > r->len) {
-        proto_send_cts(ep, in->sreq, NULL, SLIME_ERR_TRUNCATED);
-        trunc_fail(r, in->len);
+    if (in->len > r->len || recv_misfit(r, in->len)) {
+        proto_send_cts(ep, in->sreq, NULL, in->len > r->len ? SLIME_ERR_TRUNCATED : SLIME_ERR_INVAL);
+        recv_refuse(r, in->len);
         return;
     }
     r->bytes = in->len;
     if (!list_linked(&r->eplink)) list_push_back(&ep->pending, &r->eplink);
-    if (in->rdma && ep->tp->rndv_fetch &&
+    /* a fetch lands the bytes as they are: a combining receive takes
+     * them by the stream, which folds them in (combine.c) */
+    if (in->rdma && !r->combine && ep->tp->rndv_fetch &&
         ep->tp->rndv_fetch(ep, r, in->sreq, in->raddr, in->rkey, in->len) == SLIME_OK)
         return;
     if (!req_id_assign(ep->ctx, r)) { req_complete(r, SLIME_ERR_NOMEM, "out of request ids"); return; }
@@ -115,11 +112,11 @@ bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req) {
             rts_info_t in = {.sreq = m->sreq, .len = m->len, .raddr = m->raddr, .rkey = m->rkey, .rdma = m->rdma};
             umsg_free(ctx, m);
             rts_matched(ep, req, &in);
-        } else if (m->len > req->len) {
-            trunc_fail(req, m->len);
+        } else if (m->len > req->len || recv_misfit(req, m->len)) {
+            recv_refuse(req, m->len);
             umsg_free(ctx, m);
         } else {
-            if (m->len) memcpy(req->buf, m->data, m->len);
+            recv_deliver(req, m->data, m->len);
             req->bytes = m->len;
             umsg_free(ctx, m);
             req_complete(req, SLIME_OK, NULL);
@@ -193,7 +190,7 @@ void proto_on_header(slime_ep_t *ep) {
         if (h->len > ctx->unexp_cap) break; /* no sender of ours does that */
         if ((r = match_posted(ctx, ep, h->a))) {
             rx->req = r;
-            if (h->len > r->len) { rx->status = SLIME_ERR_TRUNCATED; return; }
+            if (h->len > r->len || recv_misfit(r, h->len)) { rx->status = SLIME_ERR_TRUNCATED; return; }
             rx->sink = SINK_RECV;
             rx->dst = r->buf;
             return;
@@ -346,9 +343,9 @@ void proto_on_payload(slime_ep_t *ep) {
         rx->umsg = NULL;
         /* a receive may have been posted while the payload streamed in */
         if ((r = match_posted(ctx, ep, m->tag))) {
-            if (m->len > r->len) trunc_fail(r, m->len);
+            if (m->len > r->len || recv_misfit(r, m->len)) recv_refuse(r, m->len);
             else {
-                if (m->len) memcpy(r->buf, m->data, m->len);
+                recv_deliver(r, m->data, m->len);
                 r->bytes = m->len;
                 req_complete(r, SLIME_OK, NULL);
             }
@@ -373,7 +370,7 @@ void proto_on_payload(slime_ep_t *ep) {
         else req_complete(r, rx->status, "%s", rx->text);
         return;
     case SINK_DISCARD:
-        if (h->type == F_EAGER && r) trunc_fail(r, h->len);
+        if (h->type == F_EAGER && r) recv_refuse(r, h->len);
         else if (h->type == F_WRITE) send_status(ep, F_WRITE_ACK, h->c, rx->status, rx->text);
         return;
     }

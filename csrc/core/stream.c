@@ -121,10 +121,11 @@ int stream_rx(slime_ep_t *ep) {
             proto_on_header(ep);
             if (rx->paused || ep->state != EP_UP) break;
         }
+        bool combine = rx->sink == SINK_RECV && rx->req->combine;
         while (rx->left) {
             uint8_t *dst = rx->sink == SINK_DISCARD ? scratch : rx->dst + rx->got;
             size_t want = rx->sink == SINK_DISCARD ? min_sz(rx->left, sizeof scratch) : rx->left;
-            ssize_t n = ep->tp->read(ep, dst, want);
+            ssize_t n = combine ? stream_rx_combine(ep) : ep->tp->read(ep, dst, want);
             if (n < 0) return 1;
             if (n == 0) return moved > 0;
             moved += (size_t)n;

@@ -389,6 +389,22 @@ static void copy_stream(uint8_t *dst, const uint8_t *src, size_t n) {
  * The tail of a message stays in cache for whoever reads it next. */
 #define STREAM_MIN (4u << 20)
 
+/* Moves the read head to head (the bytes before it are read): the room
+ * is the writer's again, and a writer waiting for it gets a doorbell. */
+static void rx_release(shm_conn_t *c, uint64_t head) {
+    atomic_store_explicit(&c->rx->head, head, memory_order_seq_cst);
+    if (atomic_load_explicit(&c->rx->want_space, memory_order_seq_cst)) {
+        atomic_store(&c->rx->want_space, 0);
+        if (peer_needs_doorbell(c)) doorbell(c);
+    }
+}
+
+/* The receive being read into asked for that (recv_opts_t.cold): a
+ * collective's chunk, the rest of whose buffer is still to come. */
+static bool rx_cold(const slime_ep_t *ep) {
+    return ep->rx.state == RX_PAYLOAD && ep->rx.sink == SINK_RECV && ep->rx.req->cold;
+}
+
 static ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
     shm_conn_t *c = ep->conn;
     uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
@@ -397,19 +413,32 @@ static ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
     size_t k = min_sz(min_sz(n, (size_t)(tail - head)), (size_t)c->chunk);
     if (k == 0) return 0;
     size_t at = (size_t)(head % c->size), first = min_sz(k, (size_t)c->size - at);
-    if (n >= STREAM_MIN) {
+    if (n >= STREAM_MIN || rx_cold(ep)) {
         copy_stream(dst, c->rxd + at, first);
         if (k > first) copy_stream((uint8_t *)dst + first, c->rxd, k - first);
     } else {
         memcpy(dst, c->rxd + at, first);
         if (k > first) memcpy((uint8_t *)dst + first, c->rxd, k - first);
     }
-    atomic_store_explicit(&c->rx->head, head + k, memory_order_seq_cst);
-    if (atomic_load_explicit(&c->rx->want_space, memory_order_seq_cst)) {
-        atomic_store(&c->rx->want_space, 0);
-        if (peer_needs_doorbell(c)) doorbell(c);
-    }
+    rx_release(c, head + k);
     return (ssize_t)k;
+}
+
+/* A combining receive reads the ring where the bytes lie, and only then
+ * gives them back (combine.c): the same pieces as shm_read, a chunk at a
+ * time so the writer keeps copying in, but never across the wrap. */
+static size_t shm_rx_peek(slime_ep_t *ep, size_t n, const uint8_t **at) {
+    shm_conn_t *c = ep->conn;
+    uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&c->rx->tail, memory_order_acquire);
+    size_t off = (size_t)(head % c->size);
+    *at = c->rxd + off;
+    return min_sz(min_sz(min_sz(n, (size_t)(tail - head)), (size_t)c->chunk), (size_t)c->size - off);
+}
+
+static void shm_rx_consume(slime_ep_t *ep, size_t k) {
+    shm_conn_t *c = ep->conn;
+    rx_release(c, atomic_load_explicit(&c->rx->head, memory_order_relaxed) + k);
 }
 
 static bool rx_pending(shm_conn_t *c) {
@@ -607,4 +636,6 @@ const transport_ops_t slime_shm_transport = {
     .fd_event = shm_fd_event,
     .rma = shm_rma,
     .close = shm_close,
+    .rx_peek = shm_rx_peek,
+    .rx_consume = shm_rx_consume,
 };

@@ -61,6 +61,12 @@ typedef struct transport_ops {
     /* The peer answered an offered rendezvous (fetched it, or sent a CTS):
      * the send's buffer is no longer exposed. */
     void (*rndv_release)(slime_ep_t *ep, slime_req_t *send);
+    /* The next received bytes where they lie (at most n, contiguous),
+     * for a receive that reads them in place instead of copying them
+     * out (a combining one); 0 if none now.  rx_consume(k) gives the
+     * first k of them back to the writer. */
+    size_t (*rx_peek)(slime_ep_t *ep, size_t n, const uint8_t **at);
+    void (*rx_consume)(slime_ep_t *ep, size_t k);
     /* One line on the connection, for slime_ep_describe. */
     void (*describe)(void *conn, char *buf, size_t len);
 } transport_ops_t;

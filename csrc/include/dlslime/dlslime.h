@@ -458,6 +458,20 @@ SLIME_API size_t slime_dtype_size(slime_dtype_t dtype);
  * detail naming both (e.g. BXOR on float32, AVG on int32). */
 SLIME_API slime_status_t slime_redop_check(slime_redop_t op, slime_dtype_t dtype);
 
+/* A receive that reduces instead of copying: buf holds count elements of
+ * dtype, and each element i the message brings is folded in place,
+ * buf[i] = buf[i] op incoming[i] (AVG folds as SUM; dividing is the
+ * caller's), while the payload arrives: over shm straight out of the
+ * shared ring, with no staging copy; elsewhere through a small buffer of
+ * the core.  Matching, ordering and timeouts are those of slime_recv.
+ * The message must be a whole number of elements (else the receive fails
+ * with SLIME_ERR_INVAL, and so does a rendezvous send); more than count
+ * elements fail it with SLIME_ERR_TRUNCATED.  slime_req_bytes gives the
+ * bytes folded in; elements past them are untouched. */
+SLIME_API slime_status_t slime_recv_reduce(slime_ep_t *ep, void *buf, size_t count,
+                                           slime_dtype_t dtype, slime_redop_t op,
+                                           uint64_t tag, slime_req_t **out);
+
 /* Creates this rank's view of a communicator.  peers[r] is the endpoint
  * to rank r (peers[rank] is ignored and may be NULL); the array is copied.
  * comm_id (16 bits) must be the same on every rank and unique among the
