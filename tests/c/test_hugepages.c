@@ -92,7 +92,10 @@ static void case_collapse(h_rank_t *r)
     if (small) H_CHECK_EQ(huge_kib(a, AREA), 0);
     slime_mr_t *mr = h_mr_reg(r->ctx, a + 100, AREA - 200, SLIME_ACCESS_REMOTE_READ);
     H_CHECK_PATTERN(a, AREA, 5, 0);
-    if (collapses) H_CHECK_EQ(huge_kib(a, AREA), (AREA - 2 * HUGE) >> 10);
+    /* the region's whole huge pages, and under THP "always" maybe the
+     * edges' too (they were huge from the first touch) */
+    size_t want = (AREA - 2 * HUGE) >> 10, got = huge_kib(a, AREA);
+    if (collapses) H_CHECK(small ? got == want : got >= want);
     H_CHECK_OK(slime_mr_dereg(mr));
     H_CHECK_PATTERN(a, AREA, 5, 0);
 
@@ -115,7 +118,7 @@ static void case_collapse(h_rank_t *r)
     uint8_t *d = area_new();
     H_CHECK(madvise(d, AREA, MADV_NOHUGEPAGE) == 0);
     mr = h_mr_reg(r->ctx, d, AREA, SLIME_ACCESS_ALL);
-    H_CHECK_EQ(huge_kib(d, AREA), 0);
+    if (small) H_CHECK_EQ(huge_kib(d, AREA), 0);
     H_CHECK_OK(slime_mr_dereg(mr));
 }
 
