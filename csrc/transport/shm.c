@@ -501,8 +501,13 @@ static slime_status_t rma_piece(void *arg, size_t off, size_t len) {
     slime_req_t *req = j->req;
     uint8_t *local = (uint8_t *)req->buf + j->base + off;
     if (j->mapped) {
-        if (req->is_write) memcpy(j->mapped + off, local, len);
-        else memcpy(local, j->mapped + off, len);
+        uint8_t *dst = req->is_write ? j->mapped + off : local;
+        const uint8_t *src = req->is_write ? local : j->mapped + off;
+        /* an op past the cache (the size the rings take over at for CMA)
+         * streams its stores, as the rings' reader does: two streams of
+         * memory traffic instead of three */
+        if (req->len > CMA_MAX) copy_stream(dst, src, len);
+        else memcpy(dst, src, len);
         return SLIME_OK;
     }
     uint64_t raddr = j->raddr + off;

@@ -98,11 +98,53 @@ static void case_read_write(h_rank_t *r)
     free(buf);
 }
 
+/* Ops larger than 32 MiB on a mapped block (copied with streaming
+ * stores, not memcpy): a write and a read at odd offsets on both sides,
+ * byte for byte, the bytes around them untouched. */
+#define BIG_BLOCK ((36u << 20) + 4096u)
+#define BIG_SPAN ((33u << 20) + 77u)
+
+static void case_large(h_rank_t *r)
+{
+    if (r->rank == 1) {
+        uint8_t *a;
+        H_CHECK_OK(slime_mem_alloc(BIG_BLOCK, (void **)&a));
+        h_fill(a, BIG_BLOCK, 31, 0);
+        slime_mr_t *ma = h_mr_reg(r->ctx, a + 3, BIG_BLOCK - 3, SLIME_ACCESS_ALL);
+        h_send_desc(r, 0, ma);
+        (void)h_ctl_recv_u64(r, 0); /* rank 0 read, then wrote at 1001 */
+        H_CHECK_PATTERN(a, 3 + 1001, 31, 0);
+        H_CHECK_PATTERN(a + 3 + 1001, BIG_SPAN, 32, 1);
+        H_CHECK_PATTERN(a + 3 + 1001 + BIG_SPAN, BIG_BLOCK - 3 - 1001 - BIG_SPAN, 31, 3 + 1001 + BIG_SPAN);
+        H_CHECK_OK(slime_mr_dereg(ma));
+        H_CHECK_OK(slime_mem_free(a));
+        return;
+    }
+    slime_mr_desc_t da = h_recv_desc(r, 1);
+    uint8_t *buf = h_alloc(BIG_SPAN + 2);
+    h_fill(buf, BIG_SPAN + 2, 33, 0);
+    slime_mr_t *mr = h_mr_reg(r->ctx, buf, BIG_SPAN + 2, SLIME_ACCESS_ALL);
+    slime_req_t *req = NULL;
+    H_CHECK_OK(slime_read(r->ep[1], mr, 1, &da, 17, BIG_SPAN, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    H_CHECK_PATTERN(buf, 1, 33, 0);
+    H_CHECK_PATTERN(buf + 1, BIG_SPAN, 31, 3 + 17);
+    H_CHECK_PATTERN(buf + 1 + BIG_SPAN, 1, 33, 1 + BIG_SPAN);
+    h_fill(buf, BIG_SPAN + 2, 32, 0);
+    H_CHECK_OK(slime_write(r->ep[1], mr, 1, &da, 1001, BIG_SPAN, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    if (on_shm(r)) H_CHECK(mapped_blocks() == 1);
+    h_ctl_send_u64(r, 1, 1);
+    H_CHECK_OK(slime_mr_dereg(mr));
+    free(buf);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
         {"alloc_errors", case_alloc_errors, 1, false, 0},
         {"read_write", case_read_write, 2, false, 0},
+        {"large", case_large, 2, false, 0},
     };
     return h_main("test_shmem", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
