@@ -353,6 +353,7 @@ struct slime_ctx {
     _Atomic int spinners;
     _Atomic bool pt_asleep;     /* the progress thread sleeps in epoll */
     _Atomic bool pt_long_sleep; /* ...and not for a short while only */
+    bool midway;                /* under lock: a peer's write is half in */
     pthread_mutex_t sleep_mtx;
     pthread_cond_t sleep_cond;  /* requests completed, endpoints changed */
     _Atomic int sleepers;

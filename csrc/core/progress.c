@@ -16,6 +16,11 @@
 #include "transport/transport.h"
 
 #define PT_SPIN_NS 5000ull       /* progress thread: spin this long idle */
+/* ...or this long while a peer's one-sided write through a shm ring is
+ * half in: the rest is on its way and no waiter of ours drives it, so a
+ * sleep would cost the writer a doorbell and us a wake-up for every
+ * ring's worth (large writes go by the ring, see shm.c CMA_MAX) */
+#define PT_MIDWAY_SPIN_NS 100000ull
 #define WAIT_SPIN_NS 200000ull   /* a waiter: spin this long without news */
 #define YIELD_AFTER_NS 20000ull  /* ...yielding the core after this long */
 #define GRACE_NS 100000ull       /* see mr_shared_t.grace_until */
@@ -42,6 +47,7 @@ static void handle_event(slime_ctx_t *ctx, pollable_t *p, uint32_t events) {
 
 int progress_locked(slime_ctx_t *ctx) {
     int did = 0;
+    bool midway = false;
     slime_list_t *pos, *tmp;
     list_for_each_safe(pos, tmp, &ctx->eps) {
         slime_ep_t *ep = container_of(pos, slime_ep_t, link);
@@ -50,7 +56,10 @@ int progress_locked(slime_ctx_t *ctx) {
         if (ep->state == EP_UP && !list_empty(&ep->txq) && ep->tp->wire == WIRE_TRANSPORT_SHM)
             did |= stream_flush(ep);
         if (ep->state == EP_UP && !list_empty(&ep->rmaq)) did |= proto_rma_progress(ep);
+        midway |= ep->state == EP_UP && ep->tp->wire == WIRE_TRANSPORT_SHM && ep->rx.state == RX_PAYLOAD &&
+                  ep->rx.sink == SINK_WRITE;
     }
+    ctx->midway = midway;
     bool fds = ctx->n_fd_eps || ctx->poll_now || !list_empty(&ctx->pending_conns);
     if (fds || (++ctx->poll_tick & 63) == 0) {
         ctx->poll_now = false;
@@ -193,7 +202,7 @@ void *progress_thread_main(void *arg) {
     while (!atomic_load(&ctx->stop)) {
         pthread_mutex_lock(&ctx->lock);
         int did = progress_locked(ctx);
-        bool due = !list_empty(&ctx->callbacks);
+        bool due = !list_empty(&ctx->callbacks), midway = ctx->midway;
         pthread_mutex_unlock(&ctx->lock);
         if (due) run_callbacks(ctx);
         if (did || due) { idle_since = now_ns(); continue; }
@@ -201,7 +210,8 @@ void *progress_thread_main(void *arg) {
          * then, so a nap would leave what they send waiting for its end */
         uint64_t t = now_ns();
         if (atomic_load(&ctx->spinners) == 0 &&
-            (t - idle_since < PT_SPIN_NS || t <= atomic_load(&ctx->mr_table->grace_until))) {
+            (t - idle_since < (midway ? PT_MIDWAY_SPIN_NS : PT_SPIN_NS) ||
+             t <= atomic_load(&ctx->mr_table->grace_until))) {
             cpu_relax();
             continue;
         }
