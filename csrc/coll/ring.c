@@ -135,10 +135,9 @@ static bool send_tracked(ring_state_t *g, int s, size_t c, const void *data, siz
  * scratch slot and read again from there; 16-64 MiB all_reduce on two
  * ranks over shm spent about a fifth of its time on that copy.  Chunks
  * read one-sidedly land in slots, and FROM_SRC combines two inputs into
- * a third buffer, so both keep the slots. */
-static bool folds_on_recv(const ring_state_t *g) { return g->fold; }
-
-/* Decides g->fold, once the links are agreed on (both ends of a link
+ * a third buffer, so both keep the slots.
+ *
+ * Decides g->fold, once the links are agreed on (both ends of a link
  * need not agree: a combining receive matches any send).  A buffer not
  * aligned for its elements (a caller's odd pointer) keeps the slots, as
  * slime_recv_reduce refuses it. */
@@ -194,7 +193,7 @@ static bool ring_process(ring_state_t *g, int s, size_t c, size_t unit) {
     }
     uint8_t *region = ring_at(p, g->n, b, first);
     if (s < p->reduce_steps) {
-        if (!folds_on_recv(g)) red_accumulate(p->dtype, p->redop, region, slot_of(g, unit), len);
+        if (!g->fold) red_accumulate(p->dtype, p->redop, region, slot_of(g, unit), len);
         if (last_reduce && p->avg) red_divide(p->dtype, region, len, g->n);
     }
     if (s + 1 < p->steps) return send_tracked(g, s + 1, c, region, len);
@@ -340,7 +339,7 @@ bool ring_run(coll_run_t *r, const ring_plan_t *p) {
     for (size_t c = 0; ok && c < g.kmax; c++) g.dst_send[c] = -1;
     ok = ok && links_setup(&g);
     fold_decide(&g);
-    if (ok && p->reduce_steps > 0 && !g.slots && !folds_on_recv(&g)) {
+    if (ok && p->reduce_steps > 0 && !g.slots && !g.fold) {
         g.slots = comm_scratch(comm, (size_t)RING_WINDOW * g.ce * p->esize);
         if (!g.slots) ok = run_fail(r, SLIME_ERR_NOMEM, "%s: out of memory for scratch", r->phase);
     }
@@ -376,7 +375,7 @@ bool ring_run(coll_run_t *r, const ring_plan_t *p) {
             uint32_t step = unit_step(&g, post_s, post_c);
             if (g.read_in)
                 window[k] = run_recv(r, g.left, step, NULL, 0);
-            else if (post_s < p->reduce_steps && folds_on_recv(&g))
+            else if (post_s < p->reduce_steps && g.fold)
                 window[k] = run_recv_reduce(r, g.left, step, ring_at(p, g.n, recv_block(&g, post_s), first), len,
                                             p->dtype, p->redop);
             else if (post_s >= p->reduce_steps && p->total * p->esize >= RING_COLD_MIN)
