@@ -202,9 +202,10 @@ static bool ring_process(ring_state_t *g, int s, size_t c, size_t unit) {
 
 /* ---- one-sided links ---- */
 
-static bool link_is_shm(const ring_state_t *g, int peer) {
-    const char *t = slime_ep_transport(g->r->comm->peers[peer]);
-    return t && strcmp(t, "shm") == 0;
+/* Reads pay where they are one copy by this CPU (the shm stream costs
+ * two); a NIC's reads would free the CPU instead, a different trade. */
+static bool link_reads_by_cpu(const ring_state_t *g, int peer) {
+    return p2p_ep_can(g->r->comm->peers[peer], P2P_CAP_CPU_RMA);
 }
 
 static bool cma_allowed(void) {
@@ -243,7 +244,7 @@ static bool links_setup(ring_state_t *g) {
     for (int k = 0; k < RING_WINDOW; k++) g->reads[k] = -1;
     if (p->mode != RING_INPLACE) return true; /* both ends know: no reads */
     size_t bytes = p->total * p->esize;
-    if (bytes >= coll_cma_min_bytes() && cma_allowed() && link_is_shm(g, g->right)) {
+    if (bytes >= coll_cma_min_bytes() && cma_allowed() && link_reads_by_cpu(g, g->right)) {
         if (blocks_reg(g, SLIME_ACCESS_REMOTE_READ, g->hello_out->desc) == SLIME_OK)
             g->hello_out->by_read = 1;
         else
