@@ -26,7 +26,6 @@
  * Tags: chunk c of step s is step s * kmax + c, kmax being the chunk
  * count of the largest block; both neighbours compute the same. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "coll/coll.h"
 #include "coll/reduce_kernels.h"
