@@ -26,7 +26,7 @@ slime_status_t abort_channel_open(slime_comm_t *comm) {
 
 slime_status_t abort_received(slime_comm_t *comm, char *text, size_t len) {
     slime_req_t *req = comm->abort_req;
-    if (!req || !req_done(req)) return SLIME_OK;
+    if (!req || !p2p_req_done(req)) return SLIME_OK;
     slime_status_t st = slime_req_test(req);
     if (st != SLIME_OK) {
         /* the receive itself failed: the context is going away */
@@ -69,7 +69,7 @@ void abort_channel_close(slime_comm_t *comm) {
         if (!s) continue;
         uint64_t t = now_ns();
         int64_t left = t < deadline ? (int64_t)((deadline - t) / 1000000ull) : 0;
-        if (slime_req_wait(s, left) == SLIME_ERR_TIMEOUT && !req_done(s)) all_gone = false;
+        if (slime_req_wait(s, left) == SLIME_ERR_TIMEOUT && !p2p_req_done(s)) all_gone = false;
         slime_req_free(s); /* detaches one still pending */
         comm->abort_sends[r] = NULL;
     }

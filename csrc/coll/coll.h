@@ -24,7 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/internal.h"
+#include "core/p2p.h"
+#include "core/util.h"
 
 #define COLL_ID_SHIFT 48
 #define COLL_EPOCH_SHIFT 40

@@ -23,9 +23,7 @@ static bool tag_is_stale(uint64_t tag, void *arg) {
  * a member may already be posting on the next communicator. */
 static void comm_drop_stale(slime_ctx_t *ctx, uint32_t id, uint32_t epoch, bool this_epoch) {
     stale_arg_t a = {id, epoch, this_epoch};
-    pthread_mutex_lock(&ctx->lock);
-    proto_drop_unexpected(ctx, tag_is_stale, &a);
-    pthread_mutex_unlock(&ctx->lock);
+    p2p_drop_unexpected(ctx, tag_is_stale, &a);
 }
 
 slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, uint32_t epoch, int rank,
@@ -48,7 +46,7 @@ slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, uint32_t ep
     for (int r = 0; r < size; r++) {
         if (r == rank) continue;
         if (!peers[r]) return slime_errorf(SLIME_ERR_INVAL, "comm_create: peers[%d] is NULL", r);
-        if (peers[r]->ctx != ctx)
+        if (p2p_ep_ctx(peers[r]) != ctx)
             return slime_errorf(SLIME_ERR_INVAL, "comm_create: peers[%d] belongs to another context", r);
         for (int q = 0; q < r; q++)
             if (q != rank && peers[q] == peers[r])

@@ -131,7 +131,7 @@ int run_recv_cold(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len)
     if (h < 0) return -1;
     uint64_t tag = comm_coll_tag(r->comm, r->op->seq, step);
     recv_opts_t o = {.cold = true};
-    return slot_posted(r, h, ep_recv_opts(r->comm->peers[peer], buf, len, tag, &o, &r->x[h].req));
+    return slot_posted(r, h, p2p_recv(r->comm->peers[peer], buf, len, tag, &o, &r->x[h].req));
 }
 
 int run_recv_reduce(coll_run_t *r, int peer, uint32_t step, void *buf, size_t count, slime_dtype_t dt,
@@ -152,7 +152,8 @@ int run_read(coll_run_t *r, int peer, uint32_t step, slime_mr_t *local, size_t o
 }
 
 static bool req_failed(const slime_req_t *q) {
-    return req_done(q) && atomic_load_explicit(&q->state, memory_order_acquire) != SLIME_OK;
+    slime_status_t st = p2p_req_state(q);
+    return st != SLIME_INPROGRESS && st != SLIME_OK;
 }
 
 typedef struct wait_arg {
@@ -166,24 +167,24 @@ typedef struct wait_arg {
 static bool wait_pred(void *arg) {
     wait_arg_t *a = arg;
     coll_run_t *r = a->r;
-    while (a->next < a->n && req_done(r->x[a->h[a->next]].req)) a->next++;
+    while (a->next < a->n && p2p_req_done(r->x[a->h[a->next]].req)) a->next++;
     if (a->next == a->n) return true;
     for (size_t i = 0; i < r->nx; i++)
         if (r->x[i].req && req_failed(r->x[i].req)) return true;
     if (atomic_load_explicit(&r->comm->closing, memory_order_relaxed)) return true;
     slime_req_t *ab = r->comm->abort_req;
-    return ab && req_done(ab);
+    return ab && p2p_req_done(ab);
 }
 
 static bool check_failures(coll_run_t *r, const int *h, size_t n) {
     for (size_t i = 0; i < n; i++) {
         xfer_t *x = &r->x[h[i]];
-        if (req_failed(x->req)) return fail_at(r, atomic_load(&x->req->state), x, "%s", slime_req_error(x->req));
+        if (req_failed(x->req)) return fail_at(r, p2p_req_state(x->req), x, "%s", slime_req_error(x->req));
     }
     for (size_t i = 0; i < r->nx; i++) {
         xfer_t *x = &r->x[i];
         if (x->req && req_failed(x->req))
-            return fail_at(r, atomic_load(&x->req->state), x, "%s", slime_req_error(x->req));
+            return fail_at(r, p2p_req_state(x->req), x, "%s", slime_req_error(x->req));
     }
     if (atomic_load(&r->comm->closing))
         return run_fail(r, SLIME_ERR_CLOSED, "%s: communicator destroyed while the collective ran", r->phase);
@@ -199,11 +200,11 @@ bool run_wait(coll_run_t *r, const int *h, size_t n) {
         if (h[i] < 0 || (size_t)h[i] >= r->nx || !r->x[h[i]].req)
             return run_fail(r, SLIME_ERR_PROTOCOL, "%s: waiting on a message never posted", r->phase);
     wait_arg_t a = {r, h, n, 0};
-    if (!wait_pred(&a)) ctx_wait_until(r->comm->ctx, wait_pred, &a, r->deadline_ns);
+    if (!wait_pred(&a)) p2p_wait_until(r->comm->ctx, wait_pred, &a, r->deadline_ns);
     if (!check_failures(r, h, n)) return false;
     for (size_t i = 0; i < n; i++) {
         xfer_t *x = &r->x[h[i]];
-        if (!req_done(x->req))
+        if (!p2p_req_done(x->req))
             return fail_at(r, SLIME_ERR_TIMEOUT, x, "timed out after %lld ms (the collective's timeout)",
                            (long long)r->timeout_ms);
     }
@@ -238,7 +239,7 @@ bool run_wait_all(coll_run_t *r) {
 bool run_test(coll_run_t *r, int h) {
     if (!run_ok(r) || h < 0 || (size_t)h >= r->nx) return false;
     xfer_t *x = &r->x[h];
-    if (!x->req || !req_done(x->req) || req_failed(x->req)) return false;
+    if (!x->req || !p2p_req_done(x->req) || req_failed(x->req)) return false;
     if (x->is_recv && !x->is_read && slime_req_bytes(x->req) != x->expect) return false; /* run_wait tells */
     slot_free(r, h);
     return true;
@@ -255,7 +256,7 @@ bool run_exchange(coll_run_t *r, int to, const void *sbuf, size_t slen, int from
 static bool all_done_pred(void *arg) {
     coll_run_t *r = arg;
     for (size_t i = 0; i < r->nx; i++)
-        if (r->x[i].req && !req_done(r->x[i].req)) return false;
+        if (r->x[i].req && !p2p_req_done(r->x[i].req)) return false;
     return true;
 }
 
@@ -263,12 +264,12 @@ void run_release(coll_run_t *r) {
     bool pending = false;
     for (size_t i = 0; i < r->nx; i++) {
         xfer_t *x = &r->x[i];
-        if (!x->req || req_done(x->req)) continue;
+        if (!x->req || p2p_req_done(x->req)) continue;
         if (x->is_recv && slime_req_cancel(x->req) == SLIME_OK) continue;
         pending = true;
     }
     if (pending)
-        ctx_wait_until(r->comm->ctx, all_done_pred, r, now_ns() + (uint64_t)RELEASE_GRACE_MS * 1000000ull);
+        p2p_wait_until(r->comm->ctx, all_done_pred, r, now_ns() + (uint64_t)RELEASE_GRACE_MS * 1000000ull);
     for (size_t i = 0; i < r->nx; i++)
         if (r->x[i].req) slime_req_free(r->x[i].req); /* detaches what is still pending */
     free(r->x);

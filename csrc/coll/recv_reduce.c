@@ -18,5 +18,5 @@ slime_status_t slime_recv_reduce(slime_ep_t *ep, void *buf, size_t count, slime_
         return slime_errorf(SLIME_ERR_INVAL, "recv_reduce: buffer %p is not aligned for %s", buf, dtype_name(dtype));
     if (!out) return slime_errorf(SLIME_ERR_INVAL, "recv_reduce: NULL request pointer");
     recv_opts_t o = {.combine = red_accumulator(dtype, op), .esize = es};
-    return ep_recv_opts(ep, buf, count * es, tag, &o, out);
+    return p2p_recv(ep, buf, count * es, tag, &o, out);
 }

@@ -26,7 +26,6 @@
  * Tags: chunk c of step s is step s * kmax + c, kmax being the chunk
  * count of the largest block; both neighbours compute the same. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "coll/coll.h"
 #include "coll/reduce_kernels.h"
@@ -72,6 +71,12 @@ const uint8_t *ring_src_at(const ring_plan_t *p, int n, int b, size_t first) {
     return p->src_blocks[b] + (first - off) * p->esize;
 }
 
+/* A unit's place: chunk c of the block received at step s. */
+typedef struct ring_pos {
+    int s;
+    size_t c;
+} ring_pos_t;
+
 typedef struct ring_state {
     coll_run_t *r;
     const ring_plan_t *p;
@@ -92,6 +97,11 @@ typedef struct ring_state {
     size_t read_next;               /* first unit whose read is not posted */
     int done_h;                     /* right's "finished reading us" */
     bool fold;                      /* reduce steps receive with slime_recv_reduce */
+    /* the pipeline: units (a chunk of a step) are received in order,
+     * up to RING_WINDOW of them posted ahead of the one processed */
+    size_t total_units, posted, done;
+    ring_pos_t post, proc;          /* the next unit to post, to process */
+    int window[RING_WINDOW];        /* the receive of each window unit */
 } ring_state_t;
 
 static int send_block(const ring_state_t *g, int s) { return mod_rank(g->rank + g->p->shift - s, g->n); }
@@ -109,6 +119,19 @@ static void chunk_of(const ring_state_t *g, int b, size_t c, size_t *first, size
     ring_block(g->p, g->n, b, &off, &blen);
     *first = off + c * g->ce;
     *len = blen - c * g->ce < g->ce ? blen - c * g->ce : g->ce;
+}
+
+/* Moves pos past the steps it has run out of chunks of. */
+static void pos_settle(const ring_state_t *g, ring_pos_t *pos) {
+    while (pos->s < g->p->steps && pos->c >= chunks_of(g, recv_block(g, pos->s))) {
+        pos->s++;
+        pos->c = 0;
+    }
+}
+
+static void pos_next(const ring_state_t *g, ring_pos_t *pos) {
+    pos->c++;
+    pos_settle(g, pos);
 }
 
 static uint32_t unit_step(const ring_state_t *g, int s, size_t c) {
@@ -202,9 +225,10 @@ static bool ring_process(ring_state_t *g, int s, size_t c, size_t unit) {
 
 /* ---- one-sided links ---- */
 
-static bool link_is_shm(const ring_state_t *g, int peer) {
-    const char *t = slime_ep_transport(g->r->comm->peers[peer]);
-    return t && strcmp(t, "shm") == 0;
+/* Reads pay where they are one copy by this CPU (the shm stream costs
+ * two); a NIC's reads would free the CPU instead, a different trade. */
+static bool link_reads_by_cpu(const ring_state_t *g, int peer) {
+    return p2p_ep_can(g->r->comm->peers[peer], P2P_CAP_CPU_RMA);
 }
 
 static bool cma_allowed(void) {
@@ -243,7 +267,7 @@ static bool links_setup(ring_state_t *g) {
     for (int k = 0; k < RING_WINDOW; k++) g->reads[k] = -1;
     if (p->mode != RING_INPLACE) return true; /* both ends know: no reads */
     size_t bytes = p->total * p->esize;
-    if (bytes >= coll_cma_min_bytes() && cma_allowed() && link_is_shm(g, g->right)) {
+    if (bytes >= coll_cma_min_bytes() && cma_allowed() && link_reads_by_cpu(g, g->right)) {
         if (blocks_reg(g, SLIME_ACCESS_REMOTE_READ, g->hello_out->desc) == SLIME_OK)
             g->hello_out->by_read = 1;
         else
@@ -308,114 +332,155 @@ static void links_close(ring_state_t *g) {
     if (g->block_mrs) blocks_dereg(g);
 }
 
+/* ---- the run ---- */
+
+/* Cuts the chunks and allocates the arrays of g; false (the run failed)
+ * when out of memory. */
+static bool ring_alloc(ring_state_t *g) {
+    const ring_plan_t *p = g->p;
+    /* a function of the size alone, so that every rank cuts the same
+     * chunks: larger ones where the links may read (one syscall and
+     * one page walk per chunk) */
+    size_t chunk = coll_chunk_bytes();
+    if (p->mode == RING_INPLACE && p->total * p->esize >= coll_cma_min_bytes()) chunk *= 2;
+    g->ce = chunk / p->esize;
+    if (g->ce == 0) g->ce = 1;
+    g->kmax = (p->total / (size_t)g->n + 1 + g->ce - 1) / g->ce;
+
+    size_t total_sends = 0;
+    for (int s = 0; s < p->steps; s++) {
+        total_sends += chunks_of(g, send_block(g, s));
+        g->total_units += chunks_of(g, recv_block(g, s));
+    }
+    g->sends = malloc((total_sends ? total_sends : 1) * sizeof *g->sends);
+    g->dst_send = malloc((g->kmax ? g->kmax : 1) * sizeof *g->dst_send);
+    g->block_mrs = calloc((size_t)g->n, sizeof *g->block_mrs);
+    g->hello_len = sizeof(link_hello_t) + (size_t)g->n * sizeof(slime_mr_desc_t);
+    g->hello_in = calloc(1, g->hello_len);
+    g->hello_out = calloc(1, g->hello_len);
+    if (!g->sends || !g->dst_send || !g->block_mrs || !g->hello_in || !g->hello_out)
+        return run_fail(g->r, SLIME_ERR_NOMEM, "%s: out of memory", g->r->phase);
+    for (size_t c = 0; c < g->kmax; c++) g->dst_send[c] = -1;
+    return true;
+}
+
+static void ring_free(ring_state_t *g) {
+    free(g->sends);
+    free(g->dst_send);
+    free(g->block_mrs);
+    free(g->hello_in);
+    free(g->hello_out);
+}
+
+/* Everything before the first chunk moves: arrays, links, slots. */
+static bool ring_setup(ring_state_t *g) {
+    const ring_plan_t *p = g->p;
+    coll_run_t *r = g->r;
+    if (!ring_alloc(g) || !links_setup(g)) return false;
+    fold_decide(g);
+    if (p->reduce_steps > 0 && !g->slots && !g->fold) {
+        g->slots = comm_scratch(r->comm, (size_t)RING_WINDOW * g->ce * p->esize);
+        if (!g->slots) return run_fail(r, SLIME_ERR_NOMEM, "%s: out of memory for scratch", r->phase);
+    }
+    return true;
+}
+
+/* Step 0 depends on nothing: all of it at once (above the eager limit a
+ * send is only an announcement until the receiver asks). */
+static bool send_first_block(ring_state_t *g) {
+    const ring_plan_t *p = g->p;
+    int b0 = send_block(g, 0);
+    bool ok = true;
+    for (size_t c = 0; ok && c < chunks_of(g, b0); c++) {
+        size_t first, len;
+        chunk_of(g, b0, c, &first, &len);
+        const uint8_t *at = p->mode == RING_FROM_SRC ? ring_src_at(p, g->n, b0, first) : ring_at(p, g->n, b0, first);
+        ok = send_tracked(g, 0, c, at, len);
+    }
+    return ok;
+}
+
+/* Posts the receive of unit g->posted (at g->post) into its window slot:
+ * a notice (read link), a combining receive, or a plain one. */
+static bool post_unit(ring_state_t *g) {
+    const ring_plan_t *p = g->p;
+    coll_run_t *r = g->r;
+    const int s = g->post.s;
+    const size_t c = g->post.c;
+    int k = (int)(g->posted % RING_WINDOW);
+    size_t first, len;
+    chunk_of(g, recv_block(g, s), c, &first, &len);
+    uint32_t step = unit_step(g, s, c);
+    if (g->read_in)
+        g->window[k] = run_recv(r, g->left, step, NULL, 0);
+    else if (s < p->reduce_steps && g->fold)
+        g->window[k] = run_recv_reduce(r, g->left, step, ring_at(p, g->n, recv_block(g, s), first), len, p->dtype,
+                                       p->redop);
+    else if (s >= p->reduce_steps && p->total * p->esize >= RING_COLD_MIN)
+        g->window[k] = run_recv_cold(r, g->left, step, recv_target(g, s, c, g->posted), len * p->esize);
+    else
+        g->window[k] = run_recv(r, g->left, step, recv_target(g, s, c, g->posted), len * p->esize);
+    g->posted++;
+    pos_next(g, &g->post);
+    return g->window[k] >= 0;
+}
+
+/* Waits for unit g->done (at g->proc), processes it, keeps the reads of
+ * the window going and reaps the sends that finished. */
+static bool process_unit(ring_state_t *g) {
+    coll_run_t *r = g->r;
+    int k = (int)(g->done % RING_WINDOW);
+    bool ok;
+    if (g->read_in) {
+        ok = post_reads(g, g->posted, g->done, g->window) && run_wait_one(r, g->reads[k]);
+        g->reads[k] = -1;
+    } else {
+        ok = run_wait_one(r, g->window[k]);
+    }
+    ok = ok && ring_process(g, g->proc.s, g->proc.c, g->done);
+    g->done++;
+    pos_next(g, &g->proc);
+    if (ok && g->read_in) ok = post_reads(g, g->posted, SIZE_MAX, g->window);
+    reap_sends(g);
+    return ok;
+}
+
+static bool ring_pipeline(ring_state_t *g) {
+    bool ok = true;
+    while (ok && g->done < g->total_units) {
+        while (ok && g->posted < g->total_units && g->posted < g->done + RING_WINDOW) ok = post_unit(g);
+        if (ok) ok = process_unit(g);
+    }
+    return ok;
+}
+
+/* A reader tells us when it is done with our buffer; we tell ours.  Then
+ * every message of the run must be over: nothing may read buf once it is
+ * deregistered.  On failure the rest is released. */
+static bool ring_finish(ring_state_t *g, bool ok) {
+    coll_run_t *r = g->r;
+    const char *phase = r->phase;
+    if (g->read_in || g->read_out) r->phase = "ring end";
+    if (ok && g->read_in) ok = run_send(r, g->left, STEP_DONE, NULL, 0) >= 0;
+    if (ok && g->done_h >= 0) ok = run_wait_one(r, g->done_h);
+    if (ok) ok = run_wait_all(r);
+    if (!ok) run_release(r);
+    links_close(g);
+    if (ok) r->phase = phase;
+    return ok;
+}
+
 bool ring_run(coll_run_t *r, const ring_plan_t *p) {
     slime_comm_t *comm = r->comm;
     ring_state_t g = {.r = r, .p = p, .n = comm->size, .rank = comm->rank};
     if (g.n == 1 || p->steps == 0) return true;
     g.left = mod_rank(g.rank - 1, g.n);
     g.right = mod_rank(g.rank + 1, g.n);
-    /* a function of the size alone, so that every rank cuts the same
-     * chunks: larger ones where the links may read (one syscall and
-     * one page walk per chunk) */
-    size_t chunk = coll_chunk_bytes();
-    if (p->mode == RING_INPLACE && p->total * p->esize >= coll_cma_min_bytes()) chunk *= 2;
-    g.ce = chunk / p->esize;
-    if (g.ce == 0) g.ce = 1;
-    g.kmax = (p->total / (size_t)g.n + 1 + g.ce - 1) / g.ce;
-
-    size_t total_sends = 0, total_units = 0;
-    for (int s = 0; s < p->steps; s++) {
-        total_sends += chunks_of(&g, send_block(&g, s));
-        total_units += chunks_of(&g, recv_block(&g, s));
-    }
-    g.sends = malloc((total_sends ? total_sends : 1) * sizeof *g.sends);
-    g.dst_send = malloc((g.kmax ? g.kmax : 1) * sizeof *g.dst_send);
-    g.block_mrs = calloc((size_t)g.n, sizeof *g.block_mrs);
-    g.hello_len = sizeof(link_hello_t) + (size_t)g.n * sizeof(slime_mr_desc_t);
-    g.hello_in = calloc(1, g.hello_len);
-    g.hello_out = calloc(1, g.hello_len);
-    bool ok = g.sends && g.dst_send && g.block_mrs && g.hello_in && g.hello_out;
-    if (!ok) run_fail(r, SLIME_ERR_NOMEM, "%s: out of memory", r->phase);
-    for (size_t c = 0; ok && c < g.kmax; c++) g.dst_send[c] = -1;
-    ok = ok && links_setup(&g);
-    fold_decide(&g);
-    if (ok && p->reduce_steps > 0 && !g.slots && !g.fold) {
-        g.slots = comm_scratch(comm, (size_t)RING_WINDOW * g.ce * p->esize);
-        if (!g.slots) ok = run_fail(r, SLIME_ERR_NOMEM, "%s: out of memory for scratch", r->phase);
-    }
-
-    int window[RING_WINDOW];
-    int post_s = 0, proc_s = 0;
-    size_t post_c = 0, proc_c = 0, posted = 0, done = 0;
-#define ADVANCE(s, c)                                                                  \
-    do {                                                                               \
-        while ((s) < p->steps && (c) >= chunks_of(&g, recv_block(&g, (s)))) {          \
-            (s)++;                                                                     \
-            (c) = 0;                                                                   \
-        }                                                                              \
-    } while (0)
-    ADVANCE(post_s, post_c);
-    ADVANCE(proc_s, proc_c);
-    /* step 0 depends on nothing: all of it at once (above the eager limit
-     * a send is only an announcement until the receiver asks) */
-    if (ok) {
-        int b0 = send_block(&g, 0);
-        for (size_t c = 0; ok && c < chunks_of(&g, b0); c++) {
-            size_t first, len;
-            chunk_of(&g, b0, c, &first, &len);
-            const uint8_t *at = p->mode == RING_FROM_SRC ? ring_src_at(p, g.n, b0, first) : ring_at(p, g.n, b0, first);
-            ok = send_tracked(&g, 0, c, at, len);
-        }
-    }
-    while (ok && done < total_units) {
-        while (ok && posted < total_units && posted < done + RING_WINDOW) {
-            int k = (int)(posted % RING_WINDOW);
-            size_t first, len;
-            chunk_of(&g, recv_block(&g, post_s), post_c, &first, &len);
-            uint32_t step = unit_step(&g, post_s, post_c);
-            if (g.read_in)
-                window[k] = run_recv(r, g.left, step, NULL, 0);
-            else if (post_s < p->reduce_steps && g.fold)
-                window[k] = run_recv_reduce(r, g.left, step, ring_at(p, g.n, recv_block(&g, post_s), first), len,
-                                            p->dtype, p->redop);
-            else if (post_s >= p->reduce_steps && p->total * p->esize >= RING_COLD_MIN)
-                window[k] = run_recv_cold(r, g.left, step, recv_target(&g, post_s, post_c, posted), len * p->esize);
-            else
-                window[k] = run_recv(r, g.left, step, recv_target(&g, post_s, post_c, posted), len * p->esize);
-            ok = window[k] >= 0;
-            posted++;
-            post_c++;
-            ADVANCE(post_s, post_c);
-        }
-        if (!ok) break;
-        int k = (int)(done % RING_WINDOW);
-        if (g.read_in) {
-            ok = post_reads(&g, posted, done, window) && run_wait_one(r, g.reads[k]);
-            g.reads[k] = -1;
-        } else {
-            ok = run_wait_one(r, window[k]);
-        }
-        ok = ok && ring_process(&g, proc_s, proc_c, done);
-        done++;
-        proc_c++;
-        ADVANCE(proc_s, proc_c);
-        if (ok && g.read_in) ok = post_reads(&g, posted, SIZE_MAX, window);
-        reap_sends(&g);
-    }
-#undef ADVANCE
-    /* a reader tells us when it is done with our buffer; we tell ours */
-    const char *phase = r->phase;
-    if (g.read_in || g.read_out) r->phase = "ring end";
-    if (ok && g.read_in) ok = run_send(r, g.left, STEP_DONE, NULL, 0) >= 0;
-    if (ok && g.done_h >= 0) ok = run_wait_one(r, g.done_h);
-    if (ok) ok = run_wait_all(r); /* nothing may read buf once it is deregistered */
-    if (!ok) run_release(r);
-    links_close(&g);
-    if (ok) r->phase = phase;
-    free(g.sends);
-    free(g.dst_send);
-    free(g.block_mrs);
-    free(g.hello_in);
-    free(g.hello_out);
+    bool ok = ring_setup(&g);
+    pos_settle(&g, &g.post);
+    pos_settle(&g, &g.proc);
+    ok = ok && send_first_block(&g) && ring_pipeline(&g);
+    ok = ring_finish(&g, ok);
+    ring_free(&g);
     return ok && run_ok(r);
 }

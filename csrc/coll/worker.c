@@ -91,7 +91,7 @@ static void run_one(slime_comm_t *comm, coll_op_t *op) {
     if (st == SLIME_OK && (st = abort_received(comm, text, sizeof text)) != SLIME_OK)
         comm_break(comm, st, text);
     if (st != SLIME_OK) {
-        req_worker_complete(op->req, st, "%s: communicator is broken: %s", op->what, text);
+        p2p_req_worker_complete(op->req, st, "%s: communicator is broken: %s", op->what, text);
         return;
     }
     coll_run_t run;
@@ -102,10 +102,10 @@ static void run_one(slime_comm_t *comm, coll_op_t *op) {
     run_release(&run);
     if (!ok) {
         comm_break(comm, run.status, run.detail);
-        req_worker_complete(op->req, run.status, "%s", run.detail);
+        p2p_req_worker_complete(op->req, run.status, "%s", run.detail);
         return;
     }
-    req_worker_complete(op->req, SLIME_OK, NULL);
+    p2p_req_worker_complete(op->req, SLIME_OK, NULL);
 }
 
 /* Under comm->mu: the next collective, now running; NULL if one runs. */
@@ -175,11 +175,11 @@ void coll_live_remove(slime_comm_t *comm) {
  * stop at an earlier deadline.  The live list (a communicator found
  * there is locked before the list is let go) keeps a destroyed
  * communicator from being touched: destroy removes it first. */
-static bool run_here(slime_req_t *req, uint64_t deadline_ns) {
+static bool run_here(slime_req_t *req, void *key, uint64_t deadline_ns) {
     pthread_mutex_lock(&live_mu);
     slime_comm_t *comm = NULL;
     for (size_t i = 0; i < n_live && !comm; i++)
-        if (live[i] == req->run_here_key) comm = live[i];
+        if (live[i] == key) comm = live[i];
     if (!comm) {
         pthread_mutex_unlock(&live_mu);
         return false;
@@ -200,7 +200,7 @@ static bool run_here(slime_req_t *req, uint64_t deadline_ns) {
 
 slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t **out) {
     coll_op_t *op = malloc(sizeof *op);
-    slime_req_t *req = op ? req_worker_new(comm->ctx) : NULL;
+    slime_req_t *req = op ? p2p_req_worker_new(comm->ctx, run_here, comm) : NULL;
     if (!req) {
         free(op);
         free(tmpl->v);
@@ -209,8 +209,6 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
     }
     *op = *tmpl;
     op->req = req;
-    req->run_here = run_here;
-    req->run_here_key = comm;
     list_init(&op->link);
 
     pthread_mutex_lock(&comm->mu);
@@ -226,7 +224,7 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
         char text[600];
         snprintf(text, sizeof text, "%s", comm->broken_text);
         pthread_mutex_unlock(&comm->mu);
-        req_worker_complete(req, st, "%s: communicator is broken: %s", op->what, text);
+        p2p_req_worker_complete(req, st, "%s: communicator is broken: %s", op->what, text);
         op_free(op);
         *out = req;
         return SLIME_OK;
@@ -262,13 +260,13 @@ void coll_worker_stop(slime_comm_t *comm) {
     bool started = comm->worker_started;
     pthread_mutex_unlock(&comm->mu);
     /* a worker asleep in a wait looks at `closing` when woken */
-    ctx_wake_sleepers(comm->ctx);
+    p2p_wake_waiters(comm->ctx);
     if (started) pthread_join(comm->worker, NULL);
     /* a waiter running a collective itself (run_here) gives up as soon */
     pthread_mutex_lock(&comm->mu);
     while (comm->running) {
         pthread_mutex_unlock(&comm->mu);
-        ctx_wake_sleepers(comm->ctx);
+        p2p_wake_waiters(comm->ctx);
         usleep(1000);
         pthread_mutex_lock(&comm->mu);
     }
@@ -276,7 +274,7 @@ void coll_worker_stop(slime_comm_t *comm) {
     while (!list_empty(&left)) {
         coll_op_t *op = list_first(&left, coll_op_t, link);
         list_del(&op->link);
-        req_worker_complete(op->req, SLIME_ERR_CLOSED, "%s: communicator destroyed before it ran", op->what);
+        p2p_req_worker_complete(op->req, SLIME_ERR_CLOSED, "%s: communicator destroyed before it ran", op->what);
         op_free(op);
     }
 }

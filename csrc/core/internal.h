@@ -10,6 +10,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "core/p2p.h"
 #include "core/util.h"
 #include "core/wire.h"
 #include "dlslime/dlslime.h"
@@ -18,18 +19,10 @@ struct transport_ops;
 struct mr_shared;
 struct verbs_dev;
 
-/* acc[i] = acc[i] op in[i] over n elements (the ranges do not overlap) */
-typedef void (*slime_combine_fn)(void *acc, const void *in, size_t n);
-
-/* ---- errors (status.c) ---- */
-slime_status_t slime_errorf(slime_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-slime_status_t slime_verrorf(slime_status_t st, const char *fmt, va_list ap);
-
 /* ---- requests (req.c) ---- */
 enum req_kind {
     REQ_SEND = 1, REQ_RECV, REQ_READ, REQ_WRITE, REQ_IMM_RECV, REQ_BATCH,
-    REQ_WORKER,                 /* completed by a worker thread (collectives) */
+    REQ_WORKER,                 /* completed by a worker thread (p2p_req_worker_new) */
 };
 
 struct slime_req {
@@ -72,18 +65,13 @@ struct slime_req {
     bool cb_running;            /* its callback is being called now */
     /* REQ_WORKER: runs the work in the waiting thread if it has not
      * started (true: it ran, the request is complete); NULL: never */
-    bool (*run_here)(slime_req_t *req, uint64_t deadline_ns);
-    void *run_here_key;
+    p2p_run_here_fn run_here;
+    void *run_here_arg;
 };
 
 slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep);
 /* Completes req (under ctx->lock); fmt may be NULL on success. */
 void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* Requests another thread of the library completes (collectives): a
- * waiter sleeps instead of spinning, since polling would not help it. */
-slime_req_t *req_worker_new(slime_ctx_t *ctx);
-void req_worker_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 uint64_t req_id_assign(slime_ctx_t *ctx, slime_req_t *req);
 slime_req_t *req_id_lookup(slime_ctx_t *ctx, uint64_t id);
@@ -258,9 +246,7 @@ void proto_send_cts(slime_ep_t *ep, uint64_t sreq, slime_req_t *recv,
 /* The receiver of an FF_RDMA rendezvous fetched it: tells the sender. */
 void proto_rndv_done(slime_ep_t *ep, uint64_t sreq, slime_status_t st);
 bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req);
-/* Under ctx->lock: drops every queued unexpected message whose tag
- * stale() says is dead (a destroyed communicator's); the sender of an
- * announced (rendezvous) one gets SLIME_ERR_CANCELED.  Returns how many. */
+/* p2p_drop_unexpected under ctx->lock. */
 size_t proto_drop_unexpected(slime_ctx_t *ctx, bool (*stale)(uint64_t tag, void *arg), void *arg);
 void proto_post_rma(slime_ep_t *ep, slime_req_t *req);
 /* After posting to ep's RMA queue (under ctx->lock): runs a small op at
@@ -269,18 +255,7 @@ void proto_post_rma(slime_ep_t *ep, slime_req_t *req);
 void proto_rma_start(slime_ep_t *ep);
 int proto_rma_progress(slime_ep_t *ep);
 void umsg_free(slime_ctx_t *ctx, umsg_t *m);
-/* How a receive of the library's own lands its payload. */
-typedef struct recv_opts {
-    /* non-NULL: fold the payload into buf with combine (combine.c),
-     * elements of esize bytes (at most 16, buf aligned for them) */
-    slime_combine_fn combine;
-    size_t esize;
-    /* buf is a piece of a larger buffer that is still filling and will
-     * not be read soon (a collective's chunk): a transport may store
-     * past the cache, as it does for a large receive */
-    bool cold;
-} recv_opts_t;
-/* slime_recv with the options o (ops.c). */
+/* p2p_recv (ops.c). */
 slime_status_t ep_recv_opts(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, const recv_opts_t *o,
                             slime_req_t **out);
 /* combine.c: combining receives (slime_recv_reduce) */

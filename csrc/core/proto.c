@@ -175,156 +175,213 @@ static bool wire_status_ok(uint32_t v) {
     return s <= 0 && s >= SLIME_ERR_BUSY;
 }
 
-void proto_on_header(slime_ep_t *ep) {
+/* ---- one handler per frame type ----
+ * A handler returns false for a malformed frame (proto_on_header fails
+ * the endpoint, saying so), true when it took the frame, which includes
+ * failing the endpoint itself for a reason of its own.  On entry the
+ * payload sink is SINK_DISCARD: a handler that wants the payload points
+ * rx at where it goes. */
+
+static bool on_eager(slime_ep_t *ep, const frame_t *h) {
     slime_ctx_t *ctx = ep->ctx;
     rx_ctx_t *rx = &ep->rx;
-    frame_t *h = &rx->hdr;
-    slime_req_t *r;
-    uint64_t addr;
-    slime_status_t st;
-    bool was_paused = rx->paused;
-    rx->paused = false;
-    rx->sink = SINK_DISCARD;
-    switch (h->type) {
-    case F_EAGER:
-        if (h->len > ctx->unexp_cap) break; /* no sender of ours does that */
-        if ((r = match_posted(ctx, ep, h->a))) {
-            rx->req = r;
-            if (h->len > r->len || recv_misfit(r, h->len)) { rx->status = SLIME_ERR_TRUNCATED; return; }
-            rx->sink = SINK_RECV;
-            rx->dst = r->buf;
-            return;
-        }
-        if (ctx->unexp_bytes && ctx->unexp_bytes + h->len > ctx->unexp_cap) { rx->paused = true; return; }
-        umsg_t *m = calloc(1, sizeof *m);
-        void *data = h->len ? malloc(h->len) : NULL;
-        if (!m || (h->len && !data)) {
-            free(m);
-            free(data);
-            rx->paused = true; /* try again when memory frees up */
-            return;
-        }
-        m->ep = ep;
-        m->tag = h->a;
-        m->len = h->len;
-        m->data = data;
-        list_init(&m->link);
-        ctx->unexp_bytes += h->len;
-        rx->sink = SINK_UNEXP;
-        rx->umsg = m;
-        rx->dst = data;
-        return;
-    case F_RTS: {
-        if (h->len) break;
-        rts_info_t in = {.sreq = h->b, .len = h->c, .raddr = h->d, .rkey = h->rkey, .rdma = (h->flags & FF_RDMA) != 0};
-        if ((r = match_posted(ctx, ep, h->a))) { rts_matched(ep, r, &in); return; }
-        umsg_t *u = calloc(1, sizeof *u);
-        if (!u) { rx->paused = true; return; }
-        u->ep = ep;
-        u->tag = h->a;
-        u->len = h->c;
-        u->rts = true;
-        u->sreq = h->b;
-        u->rdma = in.rdma;
-        u->raddr = in.raddr;
-        u->rkey = in.rkey;
-        list_push_back(&ctx->unexpected, &u->link);
-        return;
-    }
-    case F_CTS:
-        if (h->len || !wire_status_ok(h->u32)) break;
-        if (!(r = lookup(ep, h->a, REQ_SEND, "rendezvous send"))) return;
-        req_id_release(ctx, r);
-        if (ep->tp->rndv_release) ep->tp->rndv_release(ep, r);
-        if ((int32_t)h->u32 != SLIME_OK) {
-            slime_status_t why = (slime_status_t)(int32_t)h->u32;
-            if (why == SLIME_ERR_TRUNCATED)
-                req_complete(r, why, "receiver's buffer is smaller than the message of %zu bytes", r->len);
-            else
-                req_complete(r, why, "the receiver dropped the message of %zu bytes (%s)", r->len,
-                             slime_strerror(why));
-            return;
-        }
-        txn_t *t = txn_new(F_DATA, 0);
-        if (!t) { ep_fail(ep, SLIME_ERR_NOMEM, "out of memory for a data frame"); return; }
-        t->hdr.a = h->b;
-        t->hdr.len = r->len;
-        t->payload = r->buf;
-        t->req = r;
-        send_frame(ep, t);
-        return;
-    case F_DATA:
-        if (!(r = lookup(ep, h->a, REQ_RECV, "rendezvous receive"))) return;
-        if (h->len != r->bytes) break;
-        req_id_release(ctx, r);
+    if (h->len > ctx->unexp_cap) return false; /* no sender of ours does that */
+    slime_req_t *r = match_posted(ctx, ep, h->a);
+    if (r) {
         rx->req = r;
+        if (h->len > r->len || recv_misfit(r, h->len)) { rx->status = SLIME_ERR_TRUNCATED; return true; }
         rx->sink = SINK_RECV;
         rx->dst = r->buf;
-        return;
-    case F_WRITE: {
-        char why[160];
-        st = mr_table_acquire(ctx->mr_table, h->a, h->rkey, h->b, h->len, SLIME_ACCESS_REMOTE_WRITE, &addr, why,
-                              sizeof why);
-        if (st != SLIME_OK) {
-            rx->status = st;
-            snprintf(rx->text, sizeof rx->text, "remote region: %s", why);
-            return;
-        }
-        rx->sink = SINK_WRITE;
-        rx->dst = (uint8_t *)(uintptr_t)addr;
-        rx->pinned = h->a + 1;
-        return;
+        return true;
     }
-    case F_WRITE_ACK:
-    case F_READ_RESP:
-        if (!wire_status_ok(h->u32)) break;
-        if (!(r = lookup(ep, h->a, h->type == F_WRITE_ACK ? REQ_WRITE : REQ_READ, "one-sided op"))) return;
-        rx->req = r;
-        rx->status = (slime_status_t)(int32_t)h->u32;
-        if (h->type == F_READ_RESP && rx->status == SLIME_OK) {
-            if (h->len != r->len) break;
-            rx->sink = SINK_READ;
-            rx->dst = r->buf;
-            return;
-        }
-        if (h->len >= WIRE_ERRTEXT_MAX) break;
-        rx->sink = SINK_TEXT;
-        rx->dst = (uint8_t *)rx->text;
-        return;
-    case F_READ_REQ: {
-        if (h->len) break;
-        char why[160];
-        st = mr_table_acquire(ctx->mr_table, h->a, h->rkey, h->b, h->d, SLIME_ACCESS_REMOTE_READ, &addr, why,
-                              sizeof why);
-        if (st != SLIME_OK) {
-            char text[200];
-            snprintf(text, sizeof text, "remote region: %s", why);
-            send_status(ep, F_READ_RESP, h->c, st, text);
-            return;
-        }
-        txn_t *t = txn_new(F_READ_RESP, 0);
-        if (!t) { mr_table_release(ctx->mr_table, h->a); ep_fail(ep, SLIME_ERR_NOMEM, "out of memory"); return; }
-        t->hdr.a = h->c;
-        t->hdr.len = h->d;
-        t->payload = (void *)(uintptr_t)addr;
-        t->release_handle = h->a + 1; /* pinned until the bytes are out */
-        send_frame(ep, t);
-        return;
+    if (ctx->unexp_bytes && ctx->unexp_bytes + h->len > ctx->unexp_cap) { rx->paused = true; return true; }
+    umsg_t *m = calloc(1, sizeof *m);
+    void *data = h->len ? malloc(h->len) : NULL;
+    if (!m || (h->len && !data)) {
+        free(m);
+        free(data);
+        rx->paused = true; /* try again when memory frees up */
+        return true;
     }
-    case F_IMM:
-        if (h->len) break;
-        proto_deliver_imm(ep, h->u32);
-        return;
-    case F_RNDV_DONE:
-        if (h->len || !wire_status_ok(h->u32)) break;
-        if (!(r = lookup(ep, h->a, REQ_SEND, "rendezvous send"))) return;
-        req_id_release(ctx, r);
-        if (ep->tp->rndv_release) ep->tp->rndv_release(ep, r);
-        if ((int32_t)h->u32 == SLIME_OK) req_complete(r, SLIME_OK, NULL);
-        else req_complete(r, (slime_status_t)(int32_t)h->u32, "the receiver failed to fetch the message");
-        return;
+    m->ep = ep;
+    m->tag = h->a;
+    m->len = h->len;
+    m->data = data;
+    list_init(&m->link);
+    ctx->unexp_bytes += h->len;
+    rx->sink = SINK_UNEXP;
+    rx->umsg = m;
+    rx->dst = data;
+    return true;
+}
+
+static bool on_rts(slime_ep_t *ep, const frame_t *h) {
+    slime_ctx_t *ctx = ep->ctx;
+    if (h->len) return false;
+    rts_info_t in = {.sreq = h->b, .len = h->c, .raddr = h->d, .rkey = h->rkey, .rdma = (h->flags & FF_RDMA) != 0};
+    slime_req_t *r = match_posted(ctx, ep, h->a);
+    if (r) {
+        rts_matched(ep, r, &in);
+        return true;
     }
-    (void)was_paused;
+    umsg_t *u = calloc(1, sizeof *u);
+    if (!u) { ep->rx.paused = true; return true; }
+    u->ep = ep;
+    u->tag = h->a;
+    u->len = h->c;
+    u->rts = true;
+    u->sreq = h->b;
+    u->rdma = in.rdma;
+    u->raddr = in.raddr;
+    u->rkey = in.rkey;
+    list_push_back(&ctx->unexpected, &u->link);
+    return true;
+}
+
+/* The rendezvous send that a CTS or RNDV_DONE answers, let go of by its
+ * wire id and by the transport; NULL (the endpoint failed) if the peer
+ * names a send we do not have. */
+static slime_req_t *rndv_answered(slime_ep_t *ep, const frame_t *h) {
+    slime_req_t *r = lookup(ep, h->a, REQ_SEND, "rendezvous send");
+    if (!r) return NULL;
+    req_id_release(ep->ctx, r);
+    if (ep->tp->rndv_release) ep->tp->rndv_release(ep, r);
+    return r;
+}
+
+static bool on_cts(slime_ep_t *ep, const frame_t *h) {
+    if (h->len || !wire_status_ok(h->u32)) return false;
+    slime_req_t *r = rndv_answered(ep, h);
+    if (!r) return true;
+    if ((int32_t)h->u32 != SLIME_OK) {
+        slime_status_t why = (slime_status_t)(int32_t)h->u32;
+        if (why == SLIME_ERR_TRUNCATED)
+            req_complete(r, why, "receiver's buffer is smaller than the message of %zu bytes", r->len);
+        else
+            req_complete(r, why, "the receiver dropped the message of %zu bytes (%s)", r->len,
+                         slime_strerror(why));
+        return true;
+    }
+    txn_t *t = txn_new(F_DATA, 0);
+    if (!t) { ep_fail(ep, SLIME_ERR_NOMEM, "out of memory for a data frame"); return true; }
+    t->hdr.a = h->b;
+    t->hdr.len = r->len;
+    t->payload = r->buf;
+    t->req = r;
+    send_frame(ep, t);
+    return true;
+}
+
+static bool on_data(slime_ep_t *ep, const frame_t *h) {
+    rx_ctx_t *rx = &ep->rx;
+    slime_req_t *r = lookup(ep, h->a, REQ_RECV, "rendezvous receive");
+    if (!r) return true;
+    if (h->len != r->bytes) return false;
+    req_id_release(ep->ctx, r);
+    rx->req = r;
+    rx->sink = SINK_RECV;
+    rx->dst = r->buf;
+    return true;
+}
+
+static bool on_write(slime_ep_t *ep, const frame_t *h) {
+    rx_ctx_t *rx = &ep->rx;
+    char why[160];
+    uint64_t addr;
+    slime_status_t st = mr_table_acquire(ep->ctx->mr_table, h->a, h->rkey, h->b, h->len, SLIME_ACCESS_REMOTE_WRITE,
+                                         &addr, why, sizeof why);
+    if (st != SLIME_OK) {
+        rx->status = st;
+        snprintf(rx->text, sizeof rx->text, "remote region: %s", why);
+        return true;
+    }
+    rx->sink = SINK_WRITE;
+    rx->dst = (uint8_t *)(uintptr_t)addr;
+    rx->pinned = h->a + 1;
+    return true;
+}
+
+/* F_WRITE_ACK and F_READ_RESP: a one-sided op of ours is answered. */
+static bool on_rma_reply(slime_ep_t *ep, const frame_t *h) {
+    rx_ctx_t *rx = &ep->rx;
+    if (!wire_status_ok(h->u32)) return false;
+    slime_req_t *r = lookup(ep, h->a, h->type == F_WRITE_ACK ? REQ_WRITE : REQ_READ, "one-sided op");
+    if (!r) return true;
+    rx->req = r;
+    rx->status = (slime_status_t)(int32_t)h->u32;
+    if (h->type == F_READ_RESP && rx->status == SLIME_OK) {
+        if (h->len != r->len) return false;
+        rx->sink = SINK_READ;
+        rx->dst = r->buf;
+        return true;
+    }
+    if (h->len >= WIRE_ERRTEXT_MAX) return false;
+    rx->sink = SINK_TEXT;
+    rx->dst = (uint8_t *)rx->text;
+    return true;
+}
+
+static bool on_read_req(slime_ep_t *ep, const frame_t *h) {
+    slime_ctx_t *ctx = ep->ctx;
+    if (h->len) return false;
+    char why[160];
+    uint64_t addr;
+    slime_status_t st = mr_table_acquire(ctx->mr_table, h->a, h->rkey, h->b, h->d, SLIME_ACCESS_REMOTE_READ, &addr,
+                                         why, sizeof why);
+    if (st != SLIME_OK) {
+        char text[200];
+        snprintf(text, sizeof text, "remote region: %s", why);
+        send_status(ep, F_READ_RESP, h->c, st, text);
+        return true;
+    }
+    txn_t *t = txn_new(F_READ_RESP, 0);
+    if (!t) {
+        mr_table_release(ctx->mr_table, h->a);
+        ep_fail(ep, SLIME_ERR_NOMEM, "out of memory");
+        return true;
+    }
+    t->hdr.a = h->c;
+    t->hdr.len = h->d;
+    t->payload = (void *)(uintptr_t)addr;
+    t->release_handle = h->a + 1; /* pinned until the bytes are out */
+    send_frame(ep, t);
+    return true;
+}
+
+static bool on_imm(slime_ep_t *ep, const frame_t *h) {
+    if (h->len) return false;
+    proto_deliver_imm(ep, h->u32);
+    return true;
+}
+
+static bool on_rndv_done(slime_ep_t *ep, const frame_t *h) {
+    if (h->len || !wire_status_ok(h->u32)) return false;
+    slime_req_t *r = rndv_answered(ep, h);
+    if (!r) return true;
+    if ((int32_t)h->u32 == SLIME_OK) req_complete(r, SLIME_OK, NULL);
+    else req_complete(r, (slime_status_t)(int32_t)h->u32, "the receiver failed to fetch the message");
+    return true;
+}
+
+static bool (*const on_frame[F_TYPE_MAX])(slime_ep_t *ep, const frame_t *h) = {
+    [F_EAGER] = on_eager,
+    [F_RTS] = on_rts,
+    [F_CTS] = on_cts,
+    [F_DATA] = on_data,
+    [F_WRITE] = on_write,
+    [F_WRITE_ACK] = on_rma_reply,
+    [F_READ_REQ] = on_read_req,
+    [F_READ_RESP] = on_rma_reply,
+    [F_IMM] = on_imm,
+    [F_RNDV_DONE] = on_rndv_done,
+};
+
+void proto_on_header(slime_ep_t *ep) {
+    rx_ctx_t *rx = &ep->rx;
+    const frame_t *h = &rx->hdr;
+    rx->paused = false;
+    rx->sink = SINK_DISCARD;
+    if (h->type < F_TYPE_MAX && on_frame[h->type] && on_frame[h->type](ep, h)) return;
     ep_fail(ep, SLIME_ERR_PROTOCOL, "peer sent a malformed frame (type %u, %" PRIu64 " bytes)", h->type, h->len);
 }
 

@@ -101,29 +101,13 @@ void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
     if (kind == REQ_WORKER) ctx_wake_worker_sleepers(ctx);
 }
 
-slime_req_t *req_worker_new(slime_ctx_t *ctx) { return req_new(ctx, REQ_WORKER, NULL); }
-
-void req_worker_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
-    slime_ctx_t *ctx = req->ctx;
-    char text[512] = "";
-    if (fmt) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(text, sizeof text, fmt, ap);
-        va_end(ap);
-    }
-    pthread_mutex_lock(&ctx->lock);
-    req_complete(req, st, "%s", text);
-    pthread_mutex_unlock(&ctx->lock);
-}
-
 static bool pred_done(void *arg) { return req_done(arg); }
 
 static bool wait_req(slime_req_t *req, uint64_t deadline) {
     if (req->kind != REQ_WORKER) return ctx_wait_until(req->ctx, pred_done, req, deadline);
     /* work not yet started is done here: no hand-off to another thread
      * and back (collectives, coll/worker.c) */
-    if (req->run_here && req->run_here(req, deadline)) return true;
+    if (req->run_here && req->run_here(req, req->run_here_arg, deadline)) return true;
     return ctx_sleep_until(req->ctx, pred_done, req, deadline);
 }
 

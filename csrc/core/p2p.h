@@ -1,0 +1,91 @@
+/* What the collectives (csrc/coll/) and SlimeRPC (csrc/rpc/) are built on.
+ *
+ * They move bytes with the public API (slime_send, slime_recv,
+ * slime_recv_any, slime_read, slime_req_*, slime_mr_*) and need only the
+ * few things below besides, which the public API does not offer.  The
+ * core's objects stay opaque to them: nothing above this header reads a
+ * field of a core struct, so the core may change its structs (and its
+ * transports) without touching a collective.  Lists, clocks and the
+ * environment helpers are in core/util.h. */
+#ifndef SLIME_P2P_H
+#define SLIME_P2P_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlslime/dlslime.h"
+
+/* ---- errors (status.c): only the function that first sees one records it ---- */
+slime_status_t slime_errorf(slime_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+slime_status_t slime_verrorf(slime_status_t st, const char *fmt, va_list ap);
+
+/* ---- receives with options (combine.c folds, the transports store) ---- */
+/* acc[i] = acc[i] op in[i] over n elements (the ranges do not overlap) */
+typedef void (*slime_combine_fn)(void *acc, const void *in, size_t n);
+
+/* How a receive of the library's own lands its payload. */
+typedef struct recv_opts {
+    /* non-NULL: fold the payload into buf with combine (combine.c),
+     * elements of esize bytes (at most 16, buf aligned for them); this
+     * is how slime_recv_reduce receives and reduces in one pass */
+    slime_combine_fn combine;
+    size_t esize;
+    /* buf is a piece of a larger buffer that is still filling and will
+     * not be read soon (a collective's chunk): a transport may store
+     * past the cache, as it does for a large receive */
+    bool cold;
+} recv_opts_t;
+
+/* slime_recv with the options o. */
+slime_status_t p2p_recv(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, const recv_opts_t *o,
+                        slime_req_t **out);
+
+/* ---- requests and waiting ---- */
+/* SLIME_INPROGRESS or the final status, with no side effect: unlike
+ * slime_req_test it neither drives progress nor records an error, so a
+ * wait predicate may call it. */
+slime_status_t p2p_req_state(const slime_req_t *req);
+static inline bool p2p_req_done(const slime_req_t *req) { return p2p_req_state(req) != SLIME_INPROGRESS; }
+
+/* Drives progress (spinning, then sleeping) until done(arg) or the
+ * deadline (CLOCK_MONOTONIC ns); false on timeout.  done runs under the
+ * core's sleep mutex: it may only look, never post or block. */
+bool p2p_wait_until(slime_ctx_t *ctx, bool (*done)(void *arg), void *arg, uint64_t deadline_ns);
+/* Something a waiter's done() looks at changed outside the core (a flag
+ * of the caller's): wakes the threads asleep in p2p_wait_until. */
+void p2p_wake_waiters(slime_ctx_t *ctx);
+
+/* Requests that a thread of the library completes (a collective's):
+ * whoever waits on one sleeps instead of spinning, since polling would
+ * not help it.  run_here (may be NULL) is called by a waiter first, with
+ * arg: it may do the work right there, in the waiting thread, and then
+ * returns true (the request is complete); false: the waiter sleeps. */
+typedef bool (*p2p_run_here_fn)(slime_req_t *req, void *arg, uint64_t deadline_ns);
+slime_req_t *p2p_req_worker_new(slime_ctx_t *ctx, p2p_run_here_fn run_here, void *arg);
+/* Completes a worker request; fmt may be NULL on success. */
+void p2p_req_worker_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- contexts ---- */
+/* Drops every queued unexpected message whose tag stale() says is dead (a
+ * destroyed communicator's); the sender of an announced (rendezvous) one
+ * gets SLIME_ERR_CANCELED.  Takes the context's lock; returns how many. */
+size_t p2p_drop_unexpected(slime_ctx_t *ctx, bool (*stale)(uint64_t tag, void *arg), void *arg);
+
+/* ---- endpoints ---- */
+slime_ctx_t *p2p_ep_ctx(const slime_ep_t *ep);
+
+/* What an endpoint's transport can do, for the algorithms that choose a
+ * path by it (bits, so that a transport can answer several). */
+typedef enum p2p_cap {
+    /* one-sided ops on this endpoint are copied by this process's CPU
+     * from/to the peer's memory (no NIC, no peer thread): a read costs one
+     * copy, where a message through a shared ring costs two */
+    P2P_CAP_CPU_RMA = 1u << 0,
+} p2p_cap_t;
+bool p2p_ep_can(const slime_ep_t *ep, p2p_cap_t cap);
+
+#endif
