@@ -74,7 +74,7 @@ void recv_deliver(slime_req_t *r, const void *data, size_t len) {
     combine_bytes(r, carry, 0, data, len);
 }
 
-ssize_t stream_rx_combine(slime_ep_t *ep) {
+ssize_t frames_rx_combine(slime_ep_t *ep) {
     rx_ctx_t *rx = &ep->rx;
     const slime_req_t *r = rx->req;
     if (ep->tp->rx_peek) {
