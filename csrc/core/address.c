@@ -1,9 +1,7 @@
-/* The address blob: how peers reach a context and how they tell that it
- * runs on their host (same boot, user, pid and network namespace: then
- * abstract unix sockets and CMA work between them). */
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
+/* The address blob: who a context is and how peers tell that it runs on
+ * their host (same boot, user, pid and network namespace: then abstract
+ * unix sockets and CMA work between them).  How to reach it is each
+ * transport's part (transport_ops_t.address). */
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -35,24 +33,7 @@ static uint64_t ns_inode(const char *which) {
     return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-static int list_hosts(uint32_t *hosts) {
-    struct ifaddrs *ifs, *i;
-    int n = 0;
-    if (getifaddrs(&ifs) != 0) return 0;
-    /* routable addresses first, loopback last */
-    for (int pass = 0; pass < 2; pass++) {
-        for (i = ifs; i && n < WIRE_MAX_HOSTS; i = i->ifa_next) {
-            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
-            int lo = (i->ifa_flags & IFF_LOOPBACK) != 0;
-            if (lo != pass) continue;
-            hosts[n++] = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr;
-        }
-    }
-    freeifaddrs(ifs);
-    return n;
-}
-
-slime_status_t address_init(slime_ctx_t *ctx, const char *host, int have_shm) {
+void address_init(slime_ctx_t *ctx) {
     wire_addr_t *a = &ctx->addr;
     memset(a, 0, sizeof *a);
     a->magic = WIRE_ADDR_MAGIC;
@@ -63,21 +44,6 @@ slime_status_t address_init(slime_ctx_t *ctx, const char *host, int have_shm) {
     a->net_ns = ns_inode("net");
     a->uid = (uint32_t)getuid();
     a->pid = (uint32_t)getpid();
-    if (have_shm) a->flags |= ADDR_HAS_SHM;
-    if (ctx->tcp_listen_fd >= 0) {
-        a->flags |= ADDR_HAS_TCP;
-        if (host && *host && strcmp(host, "0.0.0.0") != 0) {
-            struct in_addr in;
-            if (inet_pton(AF_INET, host, &in) != 1)
-                return slime_errorf(SLIME_ERR_INVAL, "tcp host '%s' is not an IPv4 address", host);
-            a->hosts[0] = in.s_addr;
-            a->n_hosts = 1;
-        } else {
-            a->n_hosts = (uint16_t)list_hosts(a->hosts);
-            if (a->n_hosts == 0) { a->hosts[0] = htonl(INADDR_LOOPBACK); a->n_hosts = 1; }
-        }
-    }
-    return SLIME_OK;
 }
 
 slime_status_t slime_ctx_address(slime_ctx_t *ctx, void *buf, size_t *len) {

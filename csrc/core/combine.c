@@ -2,9 +2,9 @@
  * receive buffer, buf[i] = combine(buf[i], in[i]), as it arrives, rather
  * than copied there.  A ring reduce step otherwise copies every chunk out
  * of the transport into scratch and then reads the scratch again to
- * reduce it; here the shm ring is read once, in place (rx_peek), and
- * other transports hand their bytes through a small buffer on the stack
- * that stays in L1.  Every path (streamed payloads, unexpected eager
+ * reduce it; here a transport whose bytes lie in memory (a ring) is read
+ * once, in place (rx_peek), and the others hand their bytes through a
+ * small buffer on the stack that stays in L1.  Every path (streamed payloads, unexpected eager
  * messages, every transport) goes through combine_bytes, so the
  * semantics live in one place.
  *
@@ -74,7 +74,7 @@ void recv_deliver(slime_req_t *r, const void *data, size_t len) {
     combine_bytes(r, carry, 0, data, len);
 }
 
-ssize_t stream_rx_combine(slime_ep_t *ep) {
+ssize_t frames_rx_combine(slime_ep_t *ep) {
     rx_ctx_t *rx = &ep->rx;
     const slime_req_t *r = rx->req;
     if (ep->tp->rx_peek) {

@@ -1,4 +1,6 @@
-/* Contexts: creation (listeners, MR table, progress thread), teardown. */
+/* Contexts: creation (epoll sets, MR table, transports, progress thread)
+ * and teardown.  Both are built from the same steps: creation unwinds
+ * the ones it took, in reverse, and destroy takes them all down. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,41 +11,16 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "transport/transport.h"
-#include "transport/verbs.h"
 #include "transport/verbs.h"
 
 void slime_ctx_opts_init(slime_ctx_opts_t *opts) {
     if (opts) memset(opts, 0, sizeof *opts);
 }
 
-static slime_status_t parse_transport(const char *name, int *force) {
-    if (!name || !*name || strcmp(name, "auto") == 0) { *force = 0; return SLIME_OK; }
-    if (strcmp(name, "tcp") == 0) { *force = WIRE_TRANSPORT_TCP; return SLIME_OK; }
-    if (strcmp(name, "shm") == 0) { *force = WIRE_TRANSPORT_SHM; return SLIME_OK; }
-    if (strcmp(name, "verbs") == 0) { *force = WIRE_TRANSPORT_VERBS; return SLIME_OK; }
-    return slime_errorf(SLIME_ERR_INVAL, "unknown transport '%s' (expected auto, shm, tcp or verbs)", name);
-}
-
-static void watch(slime_ctx_t *ctx, int fd, pollable_t *p, enum pollable_kind kind) {
-    p->kind = kind;
-    p->obj = ctx;
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = p};
-    epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev);
-}
-
-slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out) {
-    if (out) *out = NULL;
-    if (!out) return slime_errorf(SLIME_ERR_INVAL, "ctx_create: NULL output");
-    slime_ctx_opts_t dflt;
-    slime_ctx_opts_init(&dflt);
-    if (!opts) opts = &dflt;
-    int force = 0;
-    slime_status_t st = parse_transport(opts->transport ? opts->transport : getenv("DLSLIME_TRANSPORT"), &force);
-    if (st != SLIME_OK) return st;
-
+/* The context object itself: its locks, lists and identity. */
+static slime_ctx_t *ctx_alloc(const slime_ctx_opts_t *opts, int force) {
     slime_ctx_t *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) return slime_errorf(SLIME_ERR_NOMEM, "ctx_create");
+    if (!ctx) return NULL;
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->sleep_mtx, NULL);
     pthread_mutex_init(&ctx->team_mtx, NULL);
@@ -60,10 +37,9 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     list_init(&ctx->unexpected);
     list_init(&ctx->mrs);
     list_init(&ctx->callbacks);
-    ctx->epfd = ctx->pt_epfd = ctx->wakefd = ctx->tcp_listen_fd = ctx->shm_listen_fd = ctx->mr_fd = -1;
+    ctx->epfd = ctx->pt_epfd = ctx->wakefd = ctx->mr_fd = -1;
     do ctx->id = random_u64(); while (ctx->id == 0);
     ctx->force = force;
-
     const void *tok = opts->token;
     size_t toklen = opts->token_len;
     if (!tok) {
@@ -72,79 +48,110 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     }
     ctx->proof = token_digest("dlslime-hello-1", tok ? tok : "", toklen);
     ctx->job = token_digest("dlslime-job-1", tok ? tok : "", toklen);
-    ctx->eager_tcp = env_size("DLSLIME_EAGER_TCP", 256 * 1024);
-    ctx->eager_shm = env_size("DLSLIME_EAGER_SHM", 64 * 1024);
-    ctx->eager_verbs = env_size("DLSLIME_EAGER_VERBS", 64 * 1024);
     ctx->unexp_cap = env_size("DLSLIME_UNEXPECTED_MAX", 256u << 20);
+    address_init(ctx);
+    return ctx;
+}
 
-    ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
-    ctx->pt_epfd = epoll_create1(EPOLL_CLOEXEC);
-    ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ctx->epfd < 0 || ctx->pt_epfd < 0 || ctx->wakefd < 0) {
-        st = slime_errorf(SLIME_ERR_SYSTEM, "ctx_create: epoll/eventfd: %s", strerror(errno));
-        goto fail;
-    }
-    ctx->p_wake.kind = POLL_WAKE;
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &ctx->p_wake};
-    struct epoll_event nested = {.events = EPOLLIN, .data.ptr = NULL};
-    if (epoll_ctl(ctx->pt_epfd, EPOLL_CTL_ADD, ctx->wakefd, &ev) < 0 ||
-        epoll_ctl(ctx->pt_epfd, EPOLL_CTL_ADD, ctx->epfd, &nested) < 0) {
-        st = slime_errorf(SLIME_ERR_SYSTEM, "ctx_create: epoll: %s", strerror(errno));
-        goto fail;
-    }
-    if ((st = mr_table_create(&ctx->mr_fd, &ctx->mr_table)) != SLIME_OK) goto fail;
-    if ((st = shmem_table_add(ctx->mr_table)) != SLIME_OK) {
-        munmap(ctx->mr_table, sizeof(mr_shared_t));
-        ctx->mr_table = NULL;
-        goto fail;
-    }
-    /* before any MR exists: every region is registered with the device */
-    if ((st = verbs_open(ctx, force == WIRE_TRANSPORT_VERBS)) != SLIME_OK) goto fail;
-
-    const char *host = opts->tcp_host ? opts->tcp_host : getenv("DLSLIME_HOST");
-    uint16_t port = 0;
-    if ((st = tcp_listen(ctx, host, opts->tcp_port, &ctx->tcp_listen_fd, &port)) != SLIME_OK) goto fail;
-    watch(ctx, ctx->tcp_listen_fd, &ctx->p_tcp, POLL_TCP_LISTEN);
-    if (force != WIRE_TRANSPORT_TCP && force != WIRE_TRANSPORT_VERBS) {
-        if ((st = shm_listen(ctx, &ctx->shm_listen_fd)) != SLIME_OK) goto fail;
-        watch(ctx, ctx->shm_listen_fd, &ctx->p_shm, POLL_SHM_LISTEN);
-    }
-    if ((st = address_init(ctx, host, ctx->shm_listen_fd >= 0)) != SLIME_OK) goto fail;
-    ctx->addr.tcp_port = port;
-    if (ctx->verbs) ctx->addr.flags |= ADDR_HAS_VERBS;
-
-    int e = pthread_create(&ctx->thread, NULL, progress_thread_main, ctx);
-    if (e) { st = slime_errorf(SLIME_ERR_SYSTEM, "ctx_create: progress thread: %s", strerror(e)); goto fail; }
-    *out = ctx;
-    return SLIME_OK;
-fail:
-    verbs_close(ctx);
-    if (ctx->tcp_listen_fd >= 0) close(ctx->tcp_listen_fd);
-    if (ctx->shm_listen_fd >= 0) close(ctx->shm_listen_fd);
-    if (ctx->mr_table) {
-        shmem_table_remove(ctx->mr_table);
-        munmap(ctx->mr_table, sizeof(mr_shared_t));
-    }
-    if (ctx->mr_fd >= 0) close(ctx->mr_fd);
-    if (ctx->wakefd >= 0) close(ctx->wakefd);
-    if (ctx->epfd >= 0) close(ctx->epfd);
-    if (ctx->pt_epfd >= 0) close(ctx->pt_epfd);
+static void ctx_free(slime_ctx_t *ctx) {
+    free(ctx->ids);
+    free(ctx->id_gen);
+    free(ctx->id_free);
     pthread_cond_destroy(&ctx->sleep_cond);
     pthread_cond_destroy(&ctx->worker_cond);
     pthread_mutex_destroy(&ctx->sleep_mtx);
     pthread_mutex_destroy(&ctx->team_mtx);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
+}
+
+static void close_fd(int *fd) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+}
+
+static void epoll_close(slime_ctx_t *ctx) {
+    close_fd(&ctx->wakefd);
+    close_fd(&ctx->epfd);
+    close_fd(&ctx->pt_epfd);
+}
+
+/* The epoll set of connections and listeners, nested in the one the
+ * progress thread sleeps on, with the eventfd that wakes it. */
+static slime_status_t epoll_open(slime_ctx_t *ctx) {
+    ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+    ctx->pt_epfd = epoll_create1(EPOLL_CLOEXEC);
+    ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ctx->epfd < 0 || ctx->pt_epfd < 0 || ctx->wakefd < 0) {
+        slime_status_t st = slime_errorf(SLIME_ERR_SYSTEM, "ctx_create: epoll/eventfd: %s", strerror(errno));
+        epoll_close(ctx);
+        return st;
+    }
+    ctx->p_wake.kind = POLL_WAKE;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &ctx->p_wake};
+    struct epoll_event nested = {.events = EPOLLIN, .data.ptr = NULL};
+    if (epoll_ctl(ctx->pt_epfd, EPOLL_CTL_ADD, ctx->wakefd, &ev) < 0 ||
+        epoll_ctl(ctx->pt_epfd, EPOLL_CTL_ADD, ctx->epfd, &nested) < 0) {
+        slime_status_t st = slime_errorf(SLIME_ERR_SYSTEM, "ctx_create: epoll: %s", strerror(errno));
+        epoll_close(ctx);
+        return st;
+    }
+    return SLIME_OK;
+}
+
+static slime_status_t mrs_open(slime_ctx_t *ctx) {
+    slime_status_t st = mr_table_create(&ctx->mr_fd, &ctx->mr_table);
+    if (st != SLIME_OK) return st;
+    if ((st = shmem_table_add(ctx->mr_table)) != SLIME_OK) {
+        munmap(ctx->mr_table, sizeof(mr_shared_t));
+        close_fd(&ctx->mr_fd);
+    }
     return st;
 }
 
-void slime_ctx_destroy(slime_ctx_t *ctx) {
-    if (!ctx) return;
-    atomic_store(&ctx->stop, true);
-    ctx_kick(ctx);
-    pthread_join(ctx->thread, NULL);
+static void mrs_close(slime_ctx_t *ctx) {
+    shmem_table_remove(ctx->mr_table);
+    munmap(ctx->mr_table, sizeof(mr_shared_t));
+    close_fd(&ctx->mr_fd);
+}
 
-    pthread_mutex_lock(&ctx->lock);
+slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out) {
+    if (out) *out = NULL;
+    if (!out) return slime_errorf(SLIME_ERR_INVAL, "ctx_create: NULL output");
+    slime_ctx_opts_t dflt;
+    slime_ctx_opts_init(&dflt);
+    if (!opts) opts = &dflt;
+    int force = 0;
+    slime_status_t st = transports_parse(opts->transport ? opts->transport : getenv("DLSLIME_TRANSPORT"), &force);
+    if (st != SLIME_OK) return st;
+    slime_ctx_t *ctx = ctx_alloc(opts, force);
+    if (!ctx) return slime_errorf(SLIME_ERR_NOMEM, "ctx_create");
+    if ((st = epoll_open(ctx)) != SLIME_OK) goto fail_epoll;
+    if ((st = mrs_open(ctx)) != SLIME_OK) goto fail_mrs;
+    /* before any MR exists: a transport may register every region */
+    if ((st = transports_open(ctx, opts)) != SLIME_OK) goto fail_transports;
+    int e = pthread_create(&ctx->thread, NULL, progress_thread_main, ctx);
+    if (e) {
+        st = slime_errorf(SLIME_ERR_SYSTEM, "ctx_create: progress thread: %s", strerror(e));
+        goto fail_thread;
+    }
+    *out = ctx;
+    return SLIME_OK;
+fail_thread:
+    transports_close(ctx);
+fail_transports:
+    mrs_close(ctx);
+fail_mrs:
+    epoll_close(ctx);
+fail_epoll:
+    ctx_free(ctx);
+    return st;
+}
+
+/* Under ctx->lock, the progress thread gone: every endpoint, request,
+ * queued message and pending connection fails; regions stay the
+ * caller's to deregister. */
+static void fail_everything(slime_ctx_t *ctx) {
     slime_list_t *pos, *tmp;
     list_for_each_safe(pos, tmp, &ctx->eps)
         ep_fail(container_of(pos, slime_ep_t, link), SLIME_ERR_CLOSED, "context destroyed");
@@ -160,6 +167,15 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
         shmem_dereg(&ctx->mr_table->slots[mr->slot]);
         verbs_mr_unreg(mr); /* the device closes below */
     }
+}
+
+void slime_ctx_destroy(slime_ctx_t *ctx) {
+    if (!ctx) return;
+    atomic_store(&ctx->stop, true);
+    ctx_kick(ctx);
+    pthread_join(ctx->thread, NULL);
+    pthread_mutex_lock(&ctx->lock);
+    fail_everything(ctx);
     pthread_mutex_unlock(&ctx->lock);
     run_callbacks(ctx); /* the progress thread is gone: the last ones here */
     atomic_store(&ctx->closed, true);
@@ -173,28 +189,16 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
         usleep(1000);
     }
     team_destroy(atomic_load(&ctx->team)); /* no thread is in a copy now */
+    slime_list_t *pos, *tmp;
     list_for_each_safe(pos, tmp, &ctx->eps) ep_free(container_of(pos, slime_ep_t, link));
-    verbs_close(ctx);
-
-    close(ctx->tcp_listen_fd);
-    if (ctx->shm_listen_fd >= 0) close(ctx->shm_listen_fd);
-    shmem_table_remove(ctx->mr_table);
-    munmap(ctx->mr_table, sizeof(mr_shared_t));
-    close(ctx->mr_fd);
-    close(ctx->wakefd);
-    close(ctx->epfd);
-    close(ctx->pt_epfd);
-    free(ctx->ids);
-    free(ctx->id_gen);
-    free(ctx->id_free);
-    pthread_cond_destroy(&ctx->sleep_cond);
-    pthread_cond_destroy(&ctx->worker_cond);
-    pthread_mutex_destroy(&ctx->sleep_mtx);
-    pthread_mutex_destroy(&ctx->team_mtx);
-    pthread_mutex_destroy(&ctx->lock);
-    free(ctx);
+    transports_close(ctx);
+    mrs_close(ctx);
+    epoll_close(ctx);
+    ctx_free(ctx);
 }
 
 uint64_t slime_ctx_id(const slime_ctx_t *ctx) { return ctx ? ctx->id : 0; }
 
-uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which) { return ctx ? verbs_counter(ctx, which) : 0; }
+uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which) {
+    return ctx ? transports_counter(ctx, which) : 0;
+}

@@ -50,12 +50,12 @@ void ep_attach(slime_ep_t *ep, const transport_ops_t *tp, void *conn, int fd, ui
     ep->conn = conn;
     ep->fd = fd;
     ep->peer_pid = peer_pid;
+    ep->eager = ctx->tps[tp->wire].eager;
     if (tp->describe) tp->describe(conn, ep->desc, sizeof ep->desc);
     else snprintf(ep->desc, sizeof ep->desc, "%s to peer %016" PRIx64 " (pid %u)", tp->name, ep->peer_id, peer_pid);
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = ep->pollable};
     epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev);
-    if (tp->wire == WIRE_TRANSPORT_SHM) ctx->n_shm_eps++;
-    else ctx->n_fd_eps++;
+    if (!(tp->caps & TP_CAP_POLLED)) ctx->n_fd_eps++;
     ep_set_state(ep, EP_UP);
     ctx_wake_sleepers(ctx);
 }
@@ -81,8 +81,7 @@ void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...) {
     snprintf(why, sizeof why, "peer %016" PRIx64 ": %s", ep->peer_id, ep->down_reason);
     if (was_up) {
         epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, ep->fd, NULL);
-        if (ep->tp->wire == WIRE_TRANSPORT_SHM) ctx->n_shm_eps--;
-        else ctx->n_fd_eps--;
+        if (!(ep->tp->caps & TP_CAP_POLLED)) ctx->n_fd_eps--;
         ep->tp->close(ep);
         ep->fd = -1;
     }
@@ -120,6 +119,11 @@ void ep_free(slime_ep_t *ep) {
     free(ep);
 }
 
+bool ep_has_cap(const slime_ep_t *ep, unsigned caps) {
+    const transport_ops_t *tp = ep ? ep->tp : NULL;
+    return tp && (tp->caps & caps) == caps;
+}
+
 static bool ep_settled(void *arg) { return ep_state(arg) != EP_CONNECTING; }
 
 static slime_status_t settle(slime_ctx_t *ctx, slime_ep_t *ep, uint64_t deadline, slime_ep_t **out) {
@@ -151,20 +155,7 @@ slime_status_t slime_ep_connect(slime_ctx_t *ctx, const void *addr, size_t addr_
     if (st != SLIME_OK) return st;
     if (wa.ctx_id == ctx->id) return slime_errorf(SLIME_ERR_INVAL, "connect: that is this context's own address");
     const transport_ops_t *tp;
-    bool same = address_same_host(&ctx->addr, &wa) && (wa.flags & ADDR_HAS_SHM);
-    if (ctx->force == WIRE_TRANSPORT_TCP) tp = &slime_tcp_transport;
-    else if (ctx->force == WIRE_TRANSPORT_SHM) {
-        if (!same)
-            return slime_errorf(SLIME_ERR_UNSUPPORTED, "connect: transport shm is forced but peer %016" PRIx64
-                                " is not on this host", wa.ctx_id);
-        tp = &slime_shm_transport;
-    } else if (ctx->force == WIRE_TRANSPORT_VERBS) {
-        if (!(wa.flags & ADDR_HAS_VERBS))
-            return slime_errorf(SLIME_ERR_UNSUPPORTED, "connect: transport verbs is forced but peer %016" PRIx64
-                                " has no usable RDMA device", wa.ctx_id);
-        tp = &slime_verbs_transport;
-    } else if (same && ctx->shm_listen_fd >= 0) tp = &slime_shm_transport;
-    else tp = ctx->verbs && (wa.flags & ADDR_HAS_VERBS) ? &slime_verbs_transport : &slime_tcp_transport;
+    if ((st = transports_choose(ctx, &wa, &tp)) != SLIME_OK) return st;
     uint64_t deadline = deadline_after_ms(timeout_ms);
 
     pthread_mutex_lock(&ctx->lock);

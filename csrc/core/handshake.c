@@ -2,7 +2,10 @@
  * proof, its id); the acceptor answers with a welcome carrying its verdict.
  * The acceptor's half runs in the progress engine on non-blocking sockets,
  * so a stranger that sends garbage, or nothing, never stalls the listener:
- * bad bytes close the connection at once, silence after a deadline. */
+ * bad bytes close the connection at once, silence after a deadline.
+ * The hello names the dialer's transport: the listener's transport reads
+ * it, and hands the connection on to the named one where that one dials
+ * through this listener (transport_ops_t.via) and is open here. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +47,19 @@ static slime_ep_t *refuse(wire_welcome_t *w, uint16_t verdict, const char *why) 
     return NULL;
 }
 
-slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h, wire_welcome_t *w) {
+/* Refuses a hello whose transport did not take the connection over. */
+static slime_ep_t *refuse_transport(const slime_ctx_t *ctx, wire_welcome_t *w, unsigned wanted) {
+    char why[96];
+    const transport_ops_t *tp = NULL;
+    for (size_t i = 0; slime_transports[i] && !tp; i++)
+        if (slime_transports[i]->wire == (int)wanted) tp = slime_transports[i];
+    if (!tp) snprintf(why, sizeof why, "transport %u is unknown here", wanted);
+    else if (ctx_tp(ctx, wanted)) snprintf(why, sizeof why, "%s does not dial this listener", tp->name);
+    else snprintf(why, sizeof why, "%s: this context %s", tp->name, tp->absent);
+    return refuse(w, WELCOME_REFUSED, why);
+}
+
+slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h, int transport, wire_welcome_t *w) {
     memset(w, 0, sizeof *w);
     w->magic = WIRE_WELCOME_MAGIC;
     w->version = SLIME_WIRE_VERSION;
@@ -59,8 +74,7 @@ slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h, wire_welcome_t
     if (ctx->force && h->transport != ctx->force)
         return refuse(w, WELCOME_REFUSED, "transport not allowed: this context is forced to another one");
     if (h->ctx_id == ctx->id) return refuse(w, WELCOME_REFUSED, "a context cannot connect to itself");
-    if (h->transport == WIRE_TRANSPORT_VERBS && !ctx->verbs)
-        return refuse(w, WELCOME_REFUSED, "verbs: this context has no usable RDMA device");
+    if (h->transport != transport) return refuse_transport(ctx, w, h->transport);
     slime_ep_t *ep = ep_find(ctx, h->ctx_id);
     if (!ep) {
         ep = ep_new(ctx, h->ctx_id);
@@ -77,7 +91,7 @@ void pending_conn_add(slime_ctx_t *ctx, int fd, int transport) {
     pending_conn_t *pc = calloc(1, sizeof *pc);
     if (!pc) { close(fd); return; }
     pc->fd = fd;
-    pc->transport = transport;
+    pc->tp = ctx_tp(ctx, (unsigned)transport);
     pc->xfd[0] = pc->xfd[1] = -1;
     pc->deadline_ns = now_ns() + env_size("DLSLIME_HANDSHAKE_TIMEOUT_MS", 5000) * 1000000ull;
     pc->pollable.kind = POLL_PENDING;
@@ -99,28 +113,25 @@ void pending_conn_close(slime_ctx_t *ctx, pending_conn_t *pc) {
     free(pc);
 }
 
-static const transport_ops_t *pending_tp(const pending_conn_t *pc) {
-    switch (pc->transport) {
-    case WIRE_TRANSPORT_SHM: return &slime_shm_transport;
-    case WIRE_TRANSPORT_VERBS: return &slime_verbs_transport;
-    default: return &slime_tcp_transport;
-    }
+/* Reads the hello, and what follows it for the transport it names when
+ * that one dials through this listener (its handshake info): 1 when all
+ * is in, 0 when more is needed, -1 for a stranger. */
+static int pending_read(slime_ctx_t *ctx, pending_conn_t *pc) {
+    int r = pc->tp->read_hello(ctx, pc);
+    if (r != 1 || pc->hello.transport == pc->tp->wire) return r;
+    const transport_ops_t *named = ctx_tp(ctx, pc->hello.transport);
+    if (!named || named->via != pc->tp->wire) return r; /* hello_accept refuses it */
+    pc->tp = named;
+    return named->read_hello(ctx, pc);
 }
 
 void pending_conn_progress(slime_ctx_t *ctx, pending_conn_t *pc) {
-    const transport_ops_t *tp = pending_tp(pc);
-    int r = tp->read_hello(ctx, pc);
-    /* verbs dials the tcp listener; its QP info follows the hello (without
-     * a device here, tcp answers with hello_accept's refusal) */
-    if (r == 1 && pc->transport == WIRE_TRANSPORT_TCP && pc->hello.transport == WIRE_TRANSPORT_VERBS && ctx->verbs) {
-        pc->transport = WIRE_TRANSPORT_VERBS;
-        tp = &slime_verbs_transport;
-        r = tp->read_hello(ctx, pc);
-    }
+    int r = pending_read(ctx, pc);
     if (r == 0) return;
     if (r < 0) { pending_conn_close(ctx, pc); return; } /* a stranger: drop it */
+    const transport_ops_t *tp = pc->tp;
     wire_welcome_t w;
-    slime_ep_t *ep = hello_accept(ctx, &pc->hello, &w);
+    slime_ep_t *ep = hello_accept(ctx, &pc->hello, tp->wire, &w);
     if (!ep) {
         tp->send_welcome(ctx, pc, &w, NULL);
         pending_conn_close(ctx, pc);

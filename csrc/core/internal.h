@@ -17,7 +17,6 @@
 
 struct transport_ops;
 struct mr_shared;
-struct verbs_dev;
 
 /* ---- requests (req.c) ---- */
 enum req_kind {
@@ -148,7 +147,7 @@ slime_status_t desc_check(const slime_ep_t *ep, const slime_mr_desc_t *d,
                           uint64_t off, uint64_t len, unsigned access,
                           wire_desc_t *out);
 
-/* ---- the stream protocol (stream.c, proto.c, combine.c) ---- */
+/* ---- the frames every transport carries (frames.c, proto.c, combine.c) ---- */
 typedef struct txn {
     slime_list_t link;
     frame_t hdr;
@@ -197,6 +196,22 @@ typedef struct umsg {
 /* ---- endpoints (ep.c) ---- */
 enum ep_state { EP_CONNECTING, EP_UP, EP_DOWN };
 
+/* What a transport is like, where the core must decide by it
+ * (transport_ops_t.caps; ep_has_cap). */
+enum {
+    /* Bytes arrive in memory the core must poll, with no fd event per
+     * arrival (a doorbell wakes only a sleeper): every progress pass
+     * reads its endpoints and flushes their queues, and the progress
+     * thread spins a while when a peer's one-sided write is half in. */
+    TP_CAP_POLLED = 1u << 0,
+    /* Its writes stop on a full socket: the core watches for
+     * write-readiness while frames wait to go. */
+    TP_CAP_WRITE_EVENTS = 1u << 1,
+    /* One-sided ops are copied by the initiator's CPU through the
+     * peer's memory (CMA), not served by the peer's progress engine. */
+    TP_CAP_CPU_RMA = 1u << 2,
+};
+
 struct slime_ep {
     slime_ctx_t *ctx;
     slime_list_t link;          /* ctx->eps */
@@ -207,8 +222,9 @@ struct slime_ep {
     uint64_t peer_id;
     uint32_t peer_pid;
     bool dialing;               /* a thread of ours is dialing this peer */
-    const struct transport_ops *tp;
+    const struct transport_ops *tp; /* the context's copy of its table */
     void *conn;                 /* the transport's connection state */
+    size_t eager;               /* sends up to this size go in one frame */
     int fd;                     /* registered with ctx->epfd, or -1 */
     struct pollable *pollable;
     slime_list_t txq;           /* txn_t, in order */
@@ -231,12 +247,14 @@ void ep_attach(slime_ep_t *ep, const struct transport_ops *tp, void *conn,
 void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void ep_free(slime_ep_t *ep);
+/* Whether ep's transport has every capability in caps (TP_CAP_*). */
+bool ep_has_cap(const slime_ep_t *ep, unsigned caps);
 
-/* stream.c */
-void stream_queue(slime_ep_t *ep, txn_t *t);
+/* frames.c */
+void frames_queue(slime_ep_t *ep, txn_t *t);
 txn_t *txn_new(uint8_t type, size_t textlen);
-int stream_flush(slime_ep_t *ep);   /* >0 if it moved bytes */
-int stream_rx(slime_ep_t *ep);      /* >0 if it moved bytes */
+int frames_flush(slime_ep_t *ep);   /* >0 if it moved bytes */
+int frames_rx(slime_ep_t *ep);      /* >0 if it moved bytes */
 /* proto.c */
 void proto_on_header(slime_ep_t *ep);
 void proto_on_payload(slime_ep_t *ep);
@@ -268,43 +286,60 @@ void recv_refuse(slime_req_t *r, uint64_t len);
 void recv_deliver(slime_req_t *r, const void *data, size_t len);
 /* The payload loop's step for a combining receive: folds what the
  * transport has of the payload into the receive; bytes, 0, or < 0. */
-ssize_t stream_rx_combine(slime_ep_t *ep);
+ssize_t frames_rx_combine(slime_ep_t *ep);
 
 /* ---- the context (ctx.c, progress.c) ---- */
-enum pollable_kind { POLL_WAKE, POLL_TCP_LISTEN, POLL_SHM_LISTEN, POLL_PENDING, POLL_EP };
+enum pollable_kind { POLL_WAKE, POLL_LISTEN, POLL_PENDING, POLL_EP };
 typedef struct pollable {
     enum pollable_kind kind;
-    void *obj;
+    void *obj;                  /* POLL_LISTEN: its tp_slot_t */
 } pollable_t;
 
+/* A connection a listener accepted, until its handshake is done.  The
+ * listener's transport reads the hello; the transport the hello names
+ * takes over when it dials through that listener (transport_ops_t.via). */
 typedef struct pending_conn {
     slime_list_t link;
     pollable_t pollable;
     int fd;
-    int transport;
+    const struct transport_ops *tp;
     uint64_t deadline_ns;
     size_t got;
     wire_hello_t hello;
-    int xfd[2];                 /* fds that came with a shm hello, or -1 */
+    int xfd[2];                 /* fds that came with the hello, or -1 */
     uint32_t peer_pid;          /* from the kernel (SO_PEERCRED) where known */
-    uint8_t extra[256];         /* what follows the hello (verbs: QP info) */
+    uint8_t extra[256];         /* what follows the hello, for its transport */
     size_t extra_got;
 } pending_conn_t;
+
+/* Wire ids of transports (transport/transport.h) are below this: they
+ * index the context's slots. */
+#define TRANSPORT_MAX 8
+
+/* A transport in a context (transports.c). */
+typedef struct tp_slot {
+    /* the context's copy of its table, zero past the size it was built
+     * with; NULL while the transport is not open in this context */
+    const struct transport_ops *tp;
+    void *state;                /* what its ctx_open made */
+    size_t eager;               /* its eager limit */
+    pollable_t listen;          /* its listener's events, if it has one */
+} tp_slot_t;
 
 struct slime_ctx {
     pthread_mutex_t lock;
     uint64_t id;
     uint64_t proof, job;        /* from the token (token.c) */
-    int force;                  /* 0 auto, else WIRE_TRANSPORT_* */
+    int force;                  /* 0 auto, else the forced transport's wire id */
+    tp_slot_t tps[TRANSPORT_MAX]; /* by wire id */
     wire_addr_t addr;
     int epfd, wakefd;
     int pt_epfd;                /* the progress thread sleeps here */
-    int tcp_listen_fd, shm_listen_fd;
-    pollable_t p_wake, p_tcp, p_shm;
+    pollable_t p_wake;
     slime_list_t pending_conns;
     slime_list_t eps;
     slime_list_t accepted;      /* eps dialed by peers, not yet accepted */
-    size_t n_fd_eps, n_shm_eps;
+    size_t n_fd_eps;            /* up eps whose transport is not TP_CAP_POLLED */
     unsigned poll_tick;
     bool poll_now;              /* look at the fds on the next pass */
     bool rma_batching;          /* slime_batch is posting: it starts the RMA queues */
@@ -336,8 +371,6 @@ struct slime_ctx {
      * collective's own transfers must not wake them */
     pthread_cond_t worker_cond;
     _Atomic int worker_sleepers;
-    size_t eager_tcp, eager_shm, eager_verbs;
-    struct verbs_dev *verbs;    /* the open RDMA device, or NULL */
     slime_list_t callbacks;     /* completed requests whose cb is due */
     /* copy team for large one-sided copies (team.c), started on first use */
     pthread_mutex_t team_mtx;
@@ -376,18 +409,44 @@ void epoll_update(slime_ctx_t *ctx, slime_ep_t *ep);
 uint64_t token_digest(const char *domain, const void *tok, size_t len);
 uint64_t random_u64(void);
 
+/* transports.c: the provider table's transports in a context */
+/* The transport named name ("auto": *force 0), as ctx->force. */
+slime_status_t transports_parse(const char *name, int *force);
+/* Opens every transport of the provider table that serves this context
+ * and fills its part of ctx->addr; on failure none is left open. */
+slime_status_t transports_open(slime_ctx_t *ctx, const slime_ctx_opts_t *opts);
+/* After every endpoint is freed and every MR unregistered. */
+void transports_close(slime_ctx_t *ctx);
+/* The transport to dial the peer at addr by: the forced one, else the
+ * open one that reaches it best. */
+slime_status_t transports_choose(slime_ctx_t *ctx, const wire_addr_t *peer,
+                                 const struct transport_ops **out);
+/* slime_ctx_counter: the sum of the open transports' answers. */
+uint64_t transports_counter(const slime_ctx_t *ctx, slime_counter_t which);
+/* The open transport of wire id id, or NULL. */
+static inline const struct transport_ops *ctx_tp(const slime_ctx_t *ctx, unsigned id) {
+    return id < TRANSPORT_MAX ? ctx->tps[id].tp : NULL;
+}
+/* Its per-context state, or NULL while it is not open. */
+static inline void *ctx_tp_state(const slime_ctx_t *ctx, unsigned id) {
+    return id < TRANSPORT_MAX ? ctx->tps[id].state : NULL;
+}
+
 /* address.c */
-slime_status_t address_init(slime_ctx_t *ctx, const char *host, int have_shm);
+/* Fills what every address has; each open transport adds its part. */
+void address_init(slime_ctx_t *ctx);
 slime_status_t address_parse(const void *buf, size_t len, wire_addr_t *out);
 bool address_same_host(const wire_addr_t *a, const wire_addr_t *b);
 
 /* handshake.c */
 void hello_fill(const slime_ctx_t *ctx, int transport, wire_hello_t *h);
 slime_status_t welcome_check(const slime_ctx_t *ctx, const wire_welcome_t *w);
-/* Decides what an acceptor does with a complete hello (under ctx->lock):
+/* Decides what an acceptor does with a complete hello that came through
+ * a listener and now rests with transport (a wire id), under ctx->lock:
  * returns the ep to attach the connection to, or NULL with w filled. */
-slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h,
+slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h, int transport,
                          wire_welcome_t *w);
+/* An fd the listener of transport (a wire id, open here) accepted. */
 void pending_conn_add(slime_ctx_t *ctx, int fd, int transport);
 void pending_conn_progress(slime_ctx_t *ctx, pending_conn_t *pc);
 int pending_conn_expire(slime_ctx_t *ctx);

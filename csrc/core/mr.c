@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "transport/transport.h"
 #include "transport/verbs.h"
 
 #define DEREG_WAIT_NS (5ull * 1000000000ull)
@@ -87,7 +88,7 @@ slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr, size_t len, unsigned a
     /* before verbs pins it: peers will pin it for every op */
     if (access & (SLIME_ACCESS_REMOTE_READ | SLIME_ACCESS_REMOTE_WRITE)) mr_use_huge_pages(addr, len);
     slime_status_t st;
-    if (ctx->verbs && (st = verbs_mr_reg(ctx, mr)) != SLIME_OK) {
+    if (ctx_tp_state(ctx, WIRE_TRANSPORT_VERBS) && (st = verbs_mr_reg(ctx, mr)) != SLIME_OK) {
         free(mr);
         return st;
     }
@@ -115,7 +116,7 @@ slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr, size_t len, unsigned a
     e->addr = (uint64_t)(uintptr_t)addr;
     e->len = len;
     shmem_reg(e, addr, len);
-    if (ctx->verbs) verbs_mr_bind(ctx, mr);
+    if (ctx_tp_state(ctx, WIRE_TRANSPORT_VERBS)) verbs_mr_bind(ctx, mr);
     atomic_store(&e->state, MR_VALID);
     list_push_back(&ctx->mrs, &mr->link);
     pthread_mutex_unlock(&ctx->lock);

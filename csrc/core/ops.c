@@ -71,9 +71,7 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
     req->len = op->len;
     switch (op->kind) {
     case SLIME_OP_SEND: {
-        size_t eager = ep->tp->wire == WIRE_TRANSPORT_SHM     ? ctx->eager_shm
-                       : ep->tp->wire == WIRE_TRANSPORT_VERBS ? ctx->eager_verbs
-                                                              : ctx->eager_tcp;
+        size_t eager = ep->eager;
         txn_t *t = txn_new(op->len <= eager ? F_EAGER : F_RTS, 0);
         if (!t || (op->len > eager && !req_id_assign(ctx, req))) {
             free(t);
@@ -91,8 +89,8 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
             if (ep->tp->rndv_offer) ep->tp->rndv_offer(ep, req, &t->hdr);
         }
         list_push_back(&ep->pending, &req->eplink);
-        stream_queue(ep, t);
-        stream_flush(ep);
+        frames_queue(ep, t);
+        frames_flush(ep);
         return;
     }
     case SLIME_OP_RECV:

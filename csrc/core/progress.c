@@ -2,9 +2,9 @@
  * progress thread, or a thread spinning in a wait (so short operations
  * finish with no hand-off between threads).  Idle, everyone sleeps:
  * waiters on a condition variable, the progress thread in epoll, woken by
- * sockets, by the eventfd, or by a peer's doorbell on a shm connection,
- * which the peer rings only when no thread of ours is polling (the
- * `polling` count in our shared table). */
+ * sockets, by the eventfd, or by a peer's doorbell on a connection whose
+ * bytes arrive in memory (TP_CAP_POLLED), which the peer rings only when
+ * no thread of ours is polling (the `polling` count in our shared table). */
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
@@ -16,10 +16,11 @@
 #include "transport/transport.h"
 
 #define PT_SPIN_NS 5000ull       /* progress thread: spin this long idle */
-/* ...or this long while a peer's one-sided write through a shm ring is
- * half in: the rest is on its way and no waiter of ours drives it, so a
- * sleep would cost the writer a doorbell and us a wake-up for every
- * ring's worth (large writes go by the ring, see shm.c CMA_MAX) */
+/* ...or this long while a peer's one-sided write through polled memory
+ * is half in: the rest is on its way and no waiter of ours drives it, so
+ * a sleep would cost the writer a doorbell and us a wake-up for every
+ * ring's worth (a ring carries the largest writes: CMA_MAX of the shm
+ * transport) */
 #define PT_MIDWAY_SPIN_NS 100000ull
 #define WAIT_SPIN_NS 200000ull   /* a waiter: spin this long without news */
 #define YIELD_AFTER_NS 20000ull  /* ...yielding the core after this long */
@@ -31,14 +32,17 @@
 static void handle_event(slime_ctx_t *ctx, pollable_t *p, uint32_t events) {
     switch (p->kind) {
     case POLL_WAKE: return; /* only on pt_epfd, drained by the progress thread */
-    case POLL_TCP_LISTEN: listener_accept(ctx, ctx->tcp_listen_fd, WIRE_TRANSPORT_TCP); return;
-    case POLL_SHM_LISTEN: listener_accept(ctx, ctx->shm_listen_fd, WIRE_TRANSPORT_SHM); return;
+    case POLL_LISTEN: {
+        tp_slot_t *s = p->obj;
+        s->tp->accept(ctx, s->state);
+        return;
+    }
     case POLL_PENDING: pending_conn_progress(ctx, p->obj); return;
     case POLL_EP: {
         slime_ep_t *ep = p->obj;
         if (ep->state != EP_UP) return;
-        if (events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) stream_rx(ep);
-        if (ep->state == EP_UP && (events & EPOLLOUT)) stream_flush(ep);
+        if (events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) frames_rx(ep);
+        if (ep->state == EP_UP && (events & EPOLLOUT)) frames_flush(ep);
         if (ep->state == EP_UP) ep->tp->fd_event(ep, events);
         return;
     }
@@ -52,12 +56,12 @@ int progress_locked(slime_ctx_t *ctx) {
     list_for_each_safe(pos, tmp, &ctx->eps) {
         slime_ep_t *ep = container_of(pos, slime_ep_t, link);
         if (ep->state != EP_UP) continue;
-        if (ep->rx.paused || ep->tp->rx_ready(ep)) did |= stream_rx(ep);
-        if (ep->state == EP_UP && !list_empty(&ep->txq) && ep->tp->wire == WIRE_TRANSPORT_SHM)
-            did |= stream_flush(ep);
+        if (ep->rx.paused || ep->tp->rx_ready(ep)) did |= frames_rx(ep);
+        /* no fd event says the peer freed room: look on every pass */
+        bool polled = ep->tp->caps & TP_CAP_POLLED;
+        if (ep->state == EP_UP && !list_empty(&ep->txq) && polled) did |= frames_flush(ep);
         if (ep->state == EP_UP && !list_empty(&ep->rmaq)) did |= proto_rma_progress(ep);
-        midway |= ep->state == EP_UP && ep->tp->wire == WIRE_TRANSPORT_SHM && ep->rx.state == RX_PAYLOAD &&
-                  ep->rx.sink == SINK_WRITE;
+        midway |= ep->state == EP_UP && polled && ep->rx.state == RX_PAYLOAD && ep->rx.sink == SINK_WRITE;
     }
     ctx->midway = midway;
     bool fds = ctx->n_fd_eps || ctx->poll_now || !list_empty(&ctx->pending_conns);
@@ -80,7 +84,7 @@ static bool busy_locked(slime_ctx_t *ctx) {
         slime_ep_t *ep = container_of(pos, slime_ep_t, link);
         if (ep->state != EP_UP) continue;
         if (!list_empty(&ep->rmaq) || ep->tp->rx_ready(ep)) return true;
-        if (ep->tp->wire == WIRE_TRANSPORT_SHM && shm_has_work(ep)) return true;
+        if (ep->tp->has_work && ep->tp->has_work(ep)) return true;
     }
     return false;
 }

@@ -42,8 +42,8 @@ static slime_req_t *match_posted(slime_ctx_t *ctx, slime_ep_t *ep, uint64_t tag)
 }
 
 static void send_frame(slime_ep_t *ep, txn_t *t) {
-    stream_queue(ep, t);
-    stream_flush(ep);
+    frames_queue(ep, t);
+    frames_flush(ep);
 }
 
 static void send_status(slime_ep_t *ep, uint8_t type, uint64_t ireq, slime_status_t st, const char *text) {
@@ -453,7 +453,7 @@ static void post_frames(slime_ep_t *ep, slime_req_t *req) {
     } else {
         t->hdr.d = req->len;
     }
-    stream_queue(ep, t);
+    frames_queue(ep, t);
 }
 
 void proto_post_rma(slime_ep_t *ep, slime_req_t *req) {
@@ -473,7 +473,7 @@ void proto_post_rma(slime_ep_t *ep, slime_req_t *req) {
         return;
     }
     post_frames(ep, req);
-    stream_flush(ep);
+    frames_flush(ep);
 }
 
 void proto_rma_start(slime_ep_t *ep) {
@@ -503,7 +503,7 @@ int proto_rma_progress(slime_ep_t *ep) {
             list_del(&r->qlink);
             r->done = 0;
             post_frames(ep, r);
-            stream_flush(ep);
+            frames_flush(ep);
             continue;
         }
         if (st != SLIME_OK) continue; /* rma completed it with the error */

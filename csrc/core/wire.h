@@ -15,34 +15,29 @@
 #define WIRE_DESC_MAGIC 0x524d4c53u  /* "SLMR" */
 #define WIRE_MAX_HOSTS 8
 
-#define ADDR_HAS_SHM 0x1u
-#define ADDR_HAS_TCP 0x2u
-#define ADDR_HAS_VERBS 0x4u  /* an RDMA device is open: dial verbs via tcp */
-
-/* Where a peer can be reached and what decides "same host". */
+/* Where a peer can be reached and what decides "same host".  The core
+ * fills the identity; each transport open in the context sets its bit
+ * of flags and fills the fields it uses (transport/transport.h says
+ * whose they are), and judges a peer's address by them. */
 typedef struct wire_addr {
     uint32_t magic;
     uint16_t version;
-    uint16_t flags;
+    uint16_t flags;                 /* ADDR_HAS_*, one bit per transport */
     uint64_t ctx_id;
     uint8_t boot_id[16];
     uint64_t pid_ns, net_ns;
     uint32_t uid;
     uint32_t pid;
-    uint16_t tcp_port;
+    uint16_t port;
     uint16_t n_hosts;
     uint32_t hosts[WIRE_MAX_HOSTS]; /* IPv4, network byte order */
 } wire_addr_t;
-
-/* verbs dials the peer's tcp listener; QP numbers, GIDs and PSNs follow
- * the hello and the welcome on that socket (transport/verbs_wire.h). */
-enum { WIRE_TRANSPORT_TCP = 1, WIRE_TRANSPORT_SHM = 2, WIRE_TRANSPORT_VERBS = 3 };
 
 /* First message on a new connection, dialer -> acceptor. */
 typedef struct wire_hello {
     uint32_t magic;
     uint16_t version;
-    uint8_t transport;
+    uint8_t transport; /* the wire id of the dialer's transport */
     uint8_t pad;
     uint64_t proof;    /* digest of the job token; see token.c */
     uint64_t ctx_id;   /* the dialer */

@@ -120,3 +120,12 @@ uint64_t sock_try_deadline(uint64_t deadline, int i, int n) {
     if (slice < 1000000000ull) slice = deadline - now;
     return now + slice;
 }
+
+void sock_accept_pending(slime_ctx_t *ctx, int lfd, int transport, void (*tune)(int fd)) {
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return; /* EAGAIN, or a connection that died already */
+        if (tune) tune(fd);
+        pending_conn_add(ctx, fd, transport);
+    }
+}

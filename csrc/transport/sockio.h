@@ -1,4 +1,5 @@
-/* Blocking-with-deadline socket I/O for the dialer's half of handshakes. */
+/* Socket I/O for handshakes: blocking-with-deadline for the dialer's
+ * half, and the acceptor's accept loop. */
 #ifndef SLIME_SOCKIO_H
 #define SLIME_SOCKIO_H
 
@@ -29,6 +30,9 @@ struct slime_ctx;
 struct wire_addr;
 int sock_peer_hosts(const struct slime_ctx *ctx, const struct wire_addr *peer,
                     uint32_t order[]);
+/* Accepts what the listening socket lfd has and hands each fd to
+ * pending_conn_add for transport (a wire id), after tune if set. */
+void sock_accept_pending(struct slime_ctx *ctx, int lfd, int transport, void (*tune)(int fd));
 /* The deadline for try i of n: an equal share of what is left, but at
  * least a second (or all of it). */
 uint64_t sock_try_deadline(uint64_t deadline, int i, int n);

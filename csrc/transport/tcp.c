@@ -3,6 +3,8 @@
  * frames); large payloads are received straight into their destination. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,9 +30,15 @@ static tcp_conn_t *tcp_conn_new(int fd) {
     return c;
 }
 
-slime_status_t tcp_listen(slime_ctx_t *ctx, const char *host, uint16_t port,
-                          int *fd_out, uint16_t *bound_port) {
-    (void)ctx;
+/* What a context keeps: its listener, and the addresses it advertises. */
+typedef struct tcp_ctx {
+    int listen_fd;
+    uint16_t port;
+    uint16_t n_hosts;
+    uint32_t hosts[WIRE_MAX_HOSTS];
+} tcp_ctx_t;
+
+static slime_status_t tcp_listen(const char *host, uint16_t port, int *fd_out, uint16_t *bound_port) {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (host && *host) {
         if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
@@ -55,13 +63,74 @@ slime_status_t tcp_listen(slime_ctx_t *ctx, const char *host, uint16_t port,
     return SLIME_OK;
 }
 
-void listener_accept(slime_ctx_t *ctx, int lfd, int transport) {
-    for (int i = 0; i < 64; i++) {
-        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) return; /* EAGAIN, or a connection that died already */
-        if (transport == WIRE_TRANSPORT_TCP) sock_tune_tcp(fd);
-        pending_conn_add(ctx, fd, transport);
+static int list_hosts(uint32_t *hosts) {
+    struct ifaddrs *ifs, *i;
+    int n = 0;
+    if (getifaddrs(&ifs) != 0) return 0;
+    /* routable addresses first, loopback last */
+    for (int pass = 0; pass < 2; pass++) {
+        for (i = ifs; i && n < WIRE_MAX_HOSTS; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
+            int lo = (i->ifa_flags & IFF_LOOPBACK) != 0;
+            if (lo != pass) continue;
+            hosts[n++] = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr;
+        }
     }
+    freeifaddrs(ifs);
+    return n;
+}
+
+/* Every context listens on tcp, even with another transport forced:
+ * verbs dials through this listener, and a peer forced onto tcp gets a
+ * refusal that says why rather than no answer. */
+static slime_status_t tcp_ctx_open(slime_ctx_t *ctx, const slime_ctx_opts_t *opts, enum tp_mode mode, void **state) {
+    (void)ctx;
+    (void)mode;
+    tcp_ctx_t *t = calloc(1, sizeof *t);
+    if (!t) return slime_errorf(SLIME_ERR_NOMEM, "tcp listener");
+    const char *host = opts->tcp_host ? opts->tcp_host : getenv("DLSLIME_HOST");
+    slime_status_t st = tcp_listen(host, opts->tcp_port, &t->listen_fd, &t->port);
+    if (st != SLIME_OK) {
+        free(t);
+        return st;
+    }
+    if (host && *host && strcmp(host, "0.0.0.0") != 0) {
+        struct in_addr in;
+        inet_pton(AF_INET, host, &in); /* tcp_listen checked it */
+        t->hosts[0] = in.s_addr;
+        t->n_hosts = 1;
+    } else {
+        t->n_hosts = (uint16_t)list_hosts(t->hosts);
+        if (t->n_hosts == 0) { t->hosts[0] = htonl(INADDR_LOOPBACK); t->n_hosts = 1; }
+    }
+    *state = t;
+    return SLIME_OK;
+}
+
+static void tcp_ctx_close(void *state) {
+    tcp_ctx_t *t = state;
+    close(t->listen_fd);
+    free(t);
+}
+
+static void tcp_address(const void *state, wire_addr_t *a) {
+    const tcp_ctx_t *t = state;
+    a->flags |= ADDR_HAS_TCP;
+    a->port = t->port;
+    a->n_hosts = t->n_hosts;
+    memcpy(a->hosts, t->hosts, sizeof a->hosts);
+}
+
+static int tcp_reach(const slime_ctx_t *ctx, const void *state, const wire_addr_t *peer) {
+    (void)ctx;
+    (void)state;
+    return (peer->flags & ADDR_HAS_TCP) && peer->n_hosts ? TP_REACH_NETWORK : TP_REACH_NONE;
+}
+
+static int tcp_listen_fd(const void *state) { return ((const tcp_ctx_t *)state)->listen_fd; }
+
+static void tcp_accept(slime_ctx_t *ctx, void *state) {
+    sock_accept_pending(ctx, tcp_listen_fd(state), WIRE_TRANSPORT_TCP, sock_tune_tcp);
 }
 
 static slime_status_t dial_one(slime_ctx_t *ctx, uint32_t host, uint16_t port,
@@ -91,7 +160,7 @@ static slime_status_t tcp_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64
     int n = sock_peer_hosts(ctx, peer, order);
     slime_status_t st = SLIME_ERR_PEER_LOST;
     for (int i = 0; i < n && now_ns() < deadline; i++) {
-        st = dial_one(ctx, order[i], peer->tcp_port, sock_try_deadline(deadline, i, n), fd, w);
+        st = dial_one(ctx, order[i], peer->port, sock_try_deadline(deadline, i, n), fd, w);
         if (st == SLIME_OK) {
             if (!(*conn = tcp_conn_new(*fd))) { close(*fd); return slime_errorf(SLIME_ERR_NOMEM, "tcp conn"); }
             return SLIME_OK;
@@ -181,8 +250,19 @@ static void tcp_close(slime_ep_t *ep) {
 }
 
 const transport_ops_t slime_tcp_transport = {
+    .size = sizeof(transport_ops_t),
     .name = "tcp",
     .wire = WIRE_TRANSPORT_TCP,
+    .caps = TP_CAP_WRITE_EVENTS,
+    .eager_env = "DLSLIME_EAGER_TCP",
+    .eager_default = 256 * 1024,
+    .absent = "has no tcp listener",
+    .ctx_open = tcp_ctx_open,
+    .ctx_close = tcp_ctx_close,
+    .address = tcp_address,
+    .reach = tcp_reach,
+    .listen_fd = tcp_listen_fd,
+    .accept = tcp_accept,
     .dial = tcp_dial,
     .read_hello = tcp_read_hello,
     .send_welcome = tcp_send_welcome,

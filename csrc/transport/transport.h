@@ -1,7 +1,12 @@
-/* A transport moves the bytes of the stream protocol between two
+/* A transport moves the bytes of the frame protocol between two
  * contexts, in the style of a verbs provider's ops table: the core owns
  * framing, matching and requests; a transport only dials, accepts and
- * moves bytes (plus, optionally, one-sided copies it can do itself). */
+ * moves bytes (plus, optionally, one-sided copies it can do itself), and
+ * answers the questions the core would otherwise answer by its name:
+ * whether it serves this context, whether it reaches a peer and how well,
+ * its eager limit, how it listens, what it needs from the progress loop.
+ * The provider table (providers.c) lists every transport; a context
+ * opens those that serve it (core/transports.c). */
 #ifndef SLIME_TRANSPORT_H
 #define SLIME_TRANSPORT_H
 
@@ -10,9 +15,67 @@
 
 #include "core/internal.h"
 
+/* Wire ids: what a hello names, and a context's slot (< TRANSPORT_MAX).
+ * Fixed for a wire version: peers must agree on them. */
+enum { WIRE_TRANSPORT_TCP = 1, WIRE_TRANSPORT_SHM = 2, WIRE_TRANSPORT_VERBS = 3 };
+
+/* The bits of wire_addr_t.flags, one per transport that is open in the
+ * address's context.  tcp owns port, n_hosts and hosts; verbs dials
+ * through the tcp listener, so it reads them too. */
+#define ADDR_HAS_SHM 0x1u
+#define ADDR_HAS_TCP 0x2u
+#define ADDR_HAS_VERBS 0x4u
+
+/* How well a transport reaches a peer (reach): the core dials by the
+ * best, the provider table's order breaking ties. */
+enum { TP_REACH_NONE = 0, TP_REACH_NETWORK = 1, TP_REACH_FABRIC = 2, TP_REACH_HOST = 3 };
+
+/* What ctx_open is asked for. */
+enum tp_mode {
+    TP_AUTO,            /* the context picks per peer */
+    TP_FORCED,          /* every endpoint uses this one */
+    TP_OTHER_FORCED,    /* every endpoint uses another one */
+};
+
 typedef struct transport_ops {
+    /* sizeof(transport_ops_t) where the table was built: a context reads
+     * the fields past it as NULL / 0, so the table can grow */
+    size_t size;
     const char *name;
     int wire;                               /* WIRE_TRANSPORT_* */
+    unsigned caps;                          /* TP_CAP_* (core/internal.h) */
+    /* Sends up to this many bytes go as one frame, larger ones by
+     * rendezvous: $eager_env, else eager_default. */
+    const char *eager_env;
+    size_t eager_default;
+    /* The words for a context it cannot serve, after a peer's id or its
+     * own name ("has no usable RDMA device"). */
+    const char *absent;
+    /* Its dialer connects to the listener of this transport (a wire id),
+     * whose read_hello reads the hello, then hands the connection to it;
+     * 0: its own listener. */
+    int via;
+
+    /* ---- per context ---- */
+    /* Sets *state to what the transport keeps for ctx, or to NULL when it
+     * does not serve ctx (auto mode without a device; another transport
+     * forced), which is no error.  ctx->addr has its identity already. */
+    slime_status_t (*ctx_open)(slime_ctx_t *ctx, const slime_ctx_opts_t *opts, enum tp_mode mode,
+                               void **state);
+    /* Frees state: every endpoint is closed and every MR unregistered. */
+    void (*ctx_close)(void *state);
+    /* Sets its flag in a (ADDR_HAS_*) and the fields it owns. */
+    void (*address)(const void *state, wire_addr_t *a);
+    /* How it reaches the peer at *peer: TP_REACH_*. */
+    int (*reach)(const slime_ctx_t *ctx, const void *state, const wire_addr_t *peer);
+    /* Optional: an fd the core watches for incoming connections, and
+     * what to do when it is readable (hand each to pending_conn_add). */
+    int (*listen_fd)(const void *state);
+    void (*accept)(slime_ctx_t *ctx, void *state);
+    /* Optional: its share of a slime_ctx_counter. */
+    uint64_t (*counter)(const void *state, slime_counter_t which);
+
+    /* ---- per connection ---- */
     /* Dials the peer and runs the dialer's half of the handshake, blocking
      * until deadline.  Called without ctx->lock. */
     slime_status_t (*dial)(slime_ctx_t *ctx, const wire_addr_t *peer,
@@ -27,7 +90,7 @@ typedef struct transport_ops {
                                    const wire_welcome_t *w, void **conn);
     /* Non-blocking byte stream: bytes moved, 0 if none now, or a negative
      * slime_status_t when the connection broke (ep_fail already done).
-     * read's n is all that dst still waits for (the stream asks for a
+     * read's n is all that dst still waits for (the frames ask for a
      * whole payload at once), so a transport may copy differently into
      * a large destination (shm streams past the cache). */
     ssize_t (*read)(slime_ep_t *ep, void *dst, size_t n);
@@ -45,6 +108,9 @@ typedef struct transport_ops {
     void (*close)(slime_ep_t *ep);
 
     /* Optional, NULL (false) where the transport has no use for them. */
+    /* Work waits that no fd event will announce (a cheap look, for the
+     * progress thread's decision to sleep). */
+    bool (*has_work)(slime_ep_t *ep);
     /* rma takes every request whole at once and completes it itself. */
     bool rma_async;
     /* The fd the core watches for an accepted conn, when it is not the
@@ -71,17 +137,7 @@ typedef struct transport_ops {
     void (*describe)(void *conn, char *buf, size_t len);
 } transport_ops_t;
 
-extern const transport_ops_t slime_tcp_transport;
-extern const transport_ops_t slime_shm_transport;
-extern const transport_ops_t slime_verbs_transport;
-
-/* Listeners, set up by the context. */
-slime_status_t tcp_listen(slime_ctx_t *ctx, const char *host, uint16_t port,
-                          int *fd, uint16_t *bound_port);
-slime_status_t shm_listen(slime_ctx_t *ctx, int *fd);
-/* Accepts what the listener has and hands each fd to pending_conn_add. */
-void listener_accept(slime_ctx_t *ctx, int lfd, int transport);
-/* The shm ring of ep has readable bytes (cheap, for sleep decisions). */
-bool shm_has_work(slime_ep_t *ep);
+/* providers.c: every transport, best first; NULL-terminated. */
+extern const transport_ops_t *const slime_transports[];
 
 #endif

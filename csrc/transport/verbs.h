@@ -1,20 +1,13 @@
-/* What the core calls of the verbs transport.  The transport proper
- * (verbs_*.c) exists only where CMake found <infiniband/verbs.h>
- * (SLIME_HAVE_VERBS); elsewhere verbs_stub.c answers every call with
- * "not in this build", so the core never needs an #ifdef. */
+/* What the core calls of the verbs transport beyond its ops table.  The
+ * transport proper (verbs_*.c) exists only where CMake found
+ * <infiniband/verbs.h> (SLIME_HAVE_VERBS); elsewhere verbs_stub.c answers
+ * every call with "not in this build", so the core never needs an #ifdef. */
 #ifndef SLIME_VERBS_H
 #define SLIME_VERBS_H
 
 #include <stdbool.h>
 
 #include "core/internal.h"
-
-/* Opens the RDMA device this context will use and sets ctx->verbs.
- * Without a usable one: forced, fails with SLIME_ERR_UNSUPPORTED and a
- * detail that says why; else returns SLIME_OK and leaves ctx->verbs NULL. */
-slime_status_t verbs_open(slime_ctx_t *ctx, bool forced);
-/* After every endpoint is closed and every MR unregistered. */
-void verbs_close(slime_ctx_t *ctx);
 
 /* Memory regions (mr.c).  reg/unreg run without ctx->lock (pinning is
  * slow); bind and revoke with it.  In auto mode a region the device cannot
@@ -27,8 +20,5 @@ void verbs_mr_bind(slime_ctx_t *ctx, const slime_mr_t *mr);
  * slime_mr_dereg's wait for the pins covers their in-flight accesses. */
 void verbs_mr_revoke(slime_ctx_t *ctx, const slime_mr_t *mr);
 void verbs_mr_unreg(slime_mr_t *mr);
-
-/* slime_ctx_counter's verbs counters (0 without a device). */
-uint64_t verbs_counter(const slime_ctx_t *ctx, slime_counter_t which);
 
 #endif

@@ -51,7 +51,7 @@ static bool qp_init(verbs_conn_t *c, int i) {
 }
 
 slime_status_t vconn_new(slime_ctx_t *ctx, int n_qps, verbs_conn_t **out) {
-    verbs_dev_t *d = ctx->verbs;
+    verbs_dev_t *d = verbs_dev_of(ctx);
     *out = NULL;
     errno = 0;
     verbs_conn_t *c = calloc(1, sizeof *c);

@@ -229,8 +229,8 @@ static struct ibv_device *find_device(struct ibv_device **list, int n, const cha
     return NULL;
 }
 
-slime_status_t verbs_open(slime_ctx_t *ctx, bool forced) {
-    ctx->verbs = NULL;
+slime_status_t verbs_dev_open(bool forced, verbs_dev_t **out) {
+    *out = NULL;
     if (!forced && env_off("DLSLIME_VERBS")) return SLIME_OK; /* auto mode may be told to leave devices alone */
     if (!forced && !can_pin()) return SLIME_OK;
     char why[1024] = "";
@@ -285,7 +285,7 @@ slime_status_t verbs_open(slime_ctx_t *ctx, bool forced) {
                             env && *env ? " in $DLSLIME_VERBS_DEVICES" : "", why);
     }
     d->forced = forced;
-    ctx->verbs = d;
+    *out = d;
     return SLIME_OK;
 }
 
@@ -310,22 +310,15 @@ const char *verbs_async_why(verbs_conn_t *c) {
     return NULL;
 }
 
-uint64_t verbs_counter(const slime_ctx_t *ctx, slime_counter_t which) {
-    return ctx->verbs ? regcache_counter(ctx->verbs->cache, which) : 0;
-}
-
-void verbs_close(slime_ctx_t *ctx) {
-    verbs_dev_t *d = ctx->verbs;
-    if (!d) return;
+void verbs_dev_close(verbs_dev_t *d) {
     regcache_free(d->cache);
     verbs_api.dealloc_pd(d->pd);
     verbs_api.close_device(d->ibv);
     free(d);
-    ctx->verbs = NULL;
 }
 
 slime_status_t verbs_mr_reg(slime_ctx_t *ctx, slime_mr_t *mr) {
-    verbs_dev_t *d = ctx->verbs;
+    verbs_dev_t *d = verbs_dev_of(ctx);
     vmr_t *v = calloc(1, sizeof *v);
     if (!v) return slime_errorf(SLIME_ERR_NOMEM, "mr_reg");
     int remote = (mr->access & SLIME_ACCESS_REMOTE_READ ? IBV_ACCESS_REMOTE_READ : 0) |
@@ -363,7 +356,7 @@ slime_status_t verbs_mr_reg(slime_ctx_t *ctx, slime_mr_t *mr) {
 
 void verbs_mr_bind(slime_ctx_t *ctx, const slime_mr_t *mr) {
     const vmr_t *v = mr->verbs_mr;
-    ctx->verbs->slot_vkey[mr->slot] = v ? VKEY_VALID | v->mr->rkey : 0;
+    verbs_dev_of(ctx)->slot_vkey[mr->slot] = v ? VKEY_VALID | v->mr->rkey : 0;
 }
 
 void verbs_mr_unreg(slime_mr_t *mr) {

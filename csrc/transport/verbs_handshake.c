@@ -13,7 +13,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <inttypes.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,15 +35,12 @@ static slime_status_t greet(slime_ctx_t *ctx, int fd, const wire_verbs_info_t *m
     return st;
 }
 
-static slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t deadline, void **conn,
-                                 int *fd_out, wire_welcome_t *w) {
+slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t deadline, void **conn, int *fd_out,
+                          wire_welcome_t *w) {
     *conn = NULL;
     *fd_out = -1;
-    if (!ctx->verbs) return slime_errorf(SLIME_ERR_UNSUPPORTED, "verbs: this context has no RDMA device");
-    if (!(peer->flags & ADDR_HAS_VERBS) || !(peer->flags & ADDR_HAS_TCP) || peer->n_hosts == 0)
-        return slime_errorf(SLIME_ERR_UNSUPPORTED, "verbs: peer %016" PRIx64 " has no RDMA device", peer->ctx_id);
     verbs_conn_t *c;
-    slime_status_t st = vconn_new(ctx, ctx->verbs->n_qps, &c);
+    slime_status_t st = vconn_new(ctx, verbs_dev_of(ctx)->n_qps, &c);
     if (st != SLIME_OK) return st;
     wire_verbs_info_t mine, theirs;
     vconn_info(c, &mine);
@@ -54,7 +50,7 @@ static slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint
     int fd = -1;
     for (int i = 0; i < n && now_ns() < deadline; i++) {
         uint64_t until = sock_try_deadline(deadline, i, n);
-        st = sock_connect_tcp("verbs: tcp", order[i], peer->tcp_port, until, &fd);
+        st = sock_connect_tcp("verbs: tcp", order[i], peer->port, until, &fd);
         if (st == SLIME_OK && (st = greet(ctx, fd, &mine, until, w)) != SLIME_OK) {
             close(fd);
             fd = -1;
@@ -90,7 +86,7 @@ fail:
 }
 
 /* The hello is in (read by tcp); the QP info follows it. */
-static int verbs_read_hello(slime_ctx_t *ctx, pending_conn_t *pc) {
+int verbs_read_hello(slime_ctx_t *ctx, pending_conn_t *pc) {
     (void)ctx;
     const size_t need = sizeof(wire_verbs_info_t);
     while (pc->extra_got < need) {
@@ -114,13 +110,13 @@ static slime_status_t send_all_now(int fd, const struct iovec *iov, int n) {
     return r == (ssize_t)want ? SLIME_OK : slime_errorf(SLIME_ERR_PEER_LOST, "verbs: welcome not sent");
 }
 
-static slime_status_t verbs_send_welcome(slime_ctx_t *ctx, pending_conn_t *pc, const wire_welcome_t *w,
-                                         void **conn) {
+slime_status_t verbs_send_welcome(slime_ctx_t *ctx, pending_conn_t *pc, const wire_welcome_t *w, void **conn) {
     struct iovec iov[2] = {{.iov_base = (void *)w, .iov_len = sizeof *w}};
     if (!conn) return send_all_now(pc->fd, iov, 1);
     wire_verbs_info_t theirs, mine;
     memcpy(&theirs, pc->extra, sizeof theirs);
-    int n = ctx->verbs->n_qps < theirs.n_qps ? ctx->verbs->n_qps : theirs.n_qps;
+    int mine_n = verbs_dev_of(ctx)->n_qps;
+    int n = mine_n < theirs.n_qps ? mine_n : theirs.n_qps;
     verbs_conn_t *c;
     slime_status_t st = vconn_new(ctx, n, &c);
     if (st != SLIME_OK) return st;
@@ -147,31 +143,11 @@ static slime_status_t verbs_send_welcome(slime_ctx_t *ctx, pending_conn_t *pc, c
     return SLIME_OK;
 }
 
-static int verbs_conn_fd(void *conn) { return ((verbs_conn_t *)conn)->epfd; }
+int verbs_conn_fd(void *conn) { return ((verbs_conn_t *)conn)->epfd; }
 
-static void verbs_describe(void *conn, char *buf, size_t len) {
+void verbs_describe(void *conn, char *buf, size_t len) {
     snprintf(buf, len, "%s", ((verbs_conn_t *)conn)->desc);
 }
-
-const transport_ops_t slime_verbs_transport = {
-    .name = "verbs",
-    .wire = WIRE_TRANSPORT_VERBS,
-    .dial = verbs_dial,
-    .read_hello = verbs_read_hello,
-    .send_welcome = verbs_send_welcome,
-    .read = verbs_read,
-    .writev = verbs_writev,
-    .rx_ready = verbs_rx_ready,
-    .fd_event = verbs_fd_event,
-    .rma = verbs_rma,
-    .close = verbs_close_ep,
-    .rma_async = true,
-    .conn_fd = verbs_conn_fd,
-    .rndv_offer = verbs_rndv_offer,
-    .rndv_fetch = verbs_rndv_fetch,
-    .rndv_release = verbs_rndv_release,
-    .describe = verbs_describe,
-};
 
 #else
 typedef int verbs_handshake_unused;

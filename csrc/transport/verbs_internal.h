@@ -63,6 +63,13 @@ bool verbs_api_load(char *why, size_t whylen);
 int verbs_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_attr *a);
 
 /* ---- the device a context uses (verbs_dev.c) ---- */
+struct verbs_dev;
+/* The verbs transport's state in ctx: its device, or NULL where the
+ * transport is not open. */
+static inline struct verbs_dev *verbs_dev_of(const slime_ctx_t *ctx) {
+    return ctx_tp_state(ctx, WIRE_TRANSPORT_VERBS);
+}
+
 typedef struct regcache regcache_t;
 typedef struct verbs_conn verbs_conn_t;
 
@@ -100,6 +107,13 @@ typedef struct verbs_dev {
     unsigned n_qp_events;
 } verbs_dev_t;
 
+/* Opens the RDMA device a context will use.  Without a usable one:
+ * forced, fails with SLIME_ERR_UNSUPPORTED and a detail that says why;
+ * else returns SLIME_OK with *out NULL. */
+slime_status_t verbs_dev_open(bool forced, verbs_dev_t **out);
+/* After every endpoint is closed and every MR unregistered. */
+void verbs_dev_close(verbs_dev_t *d);
+
 /* Reads the device's pending asynchronous events; the text of the last
  * one about a QP of c, or NULL. */
 const char *verbs_async_why(verbs_conn_t *c);
@@ -109,7 +123,15 @@ const char *verbs_async_why(verbs_conn_t *c);
 /* A user region's verbs keys; false if it has none. */
 bool verbs_mr_keys(const slime_mr_t *mr, uint32_t *lkey, uint32_t *rkey, bool *writable);
 
-/* ---- what the handshake carries (verbs_handshake.c) ---- */
+/* ---- how an endpoint comes up (verbs_handshake.c) ---- */
+slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t deadline, void **conn, int *fd_out,
+                          wire_welcome_t *w);
+int verbs_read_hello(slime_ctx_t *ctx, pending_conn_t *pc);
+slime_status_t verbs_send_welcome(slime_ctx_t *ctx, pending_conn_t *pc, const wire_welcome_t *w, void **conn);
+int verbs_conn_fd(void *conn);
+void verbs_describe(void *conn, char *buf, size_t len);
+
+/* What the handshake carries. */
 #define VERBS_INFO_MAGIC 0x53425256u /* "VRBS" */
 typedef struct wire_verbs_info {
     uint32_t magic;

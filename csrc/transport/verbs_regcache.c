@@ -179,7 +179,7 @@ static regent_t *cached_lookup(regcache_t *rc, uintptr_t a, size_t len, int acce
 }
 
 regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, size_t new_min, const char **why) {
-    regcache_t *rc = ctx->verbs->cache;
+    regcache_t *rc = verbs_dev_of(ctx)->cache;
     uintptr_t a = (uintptr_t)addr;
     regent_t *e = from_user_region(ctx, a, len, access);
     if (e) return e;

@@ -237,7 +237,7 @@ void verbs_mr_revoke(slime_ctx_t *ctx, const slime_mr_t *mr) {
     slime_list_t *pos, *tmp;
     list_for_each_safe(pos, tmp, &ctx->eps) {
         slime_ep_t *ep = container_of(pos, slime_ep_t, link);
-        if (ep->state != EP_UP || ep->tp != &slime_verbs_transport) continue;
+        if (ep->state != EP_UP || ep->tp->wire != WIRE_TRANSPORT_VERBS) continue;
         verbs_conn_t *c = ep->conn;
         c->ep = ep;
         if (peer_pin_has(c, mr->slot)) send_ctrl(ep, &r);

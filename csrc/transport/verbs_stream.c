@@ -170,7 +170,7 @@ bool vconn_kick(slime_ep_t *ep) {
     ctrl_to_slots(c);
     if (!post_ready(ep) || !vops_post(ep) || !return_credits(ep)) return false;
     /* frames the core could not hand us for want of a free slot */
-    if (!list_empty(&ep->txq) && !list_empty(&c->tx_free)) stream_flush(ep);
+    if (!list_empty(&ep->txq) && !list_empty(&c->tx_free)) frames_flush(ep);
     return ep->state == EP_UP;
 }
 

@@ -1,7 +1,7 @@
-/* The byte-stream engine every frame-carrying transport shares: a queue
- * of outgoing frames written with gather I/O, and an incoming state
- * machine that reads a header, asks the protocol where the payload goes,
- * and lands it there directly. */
+/* The frames every transport carries over its byte stream: a queue of
+ * outgoing frames written with gather I/O, and an incoming state machine
+ * that reads a header, asks the protocol where the payload goes, and
+ * lands it there directly. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -21,7 +21,7 @@ txn_t *txn_new(uint8_t type, size_t textlen) {
     return t;
 }
 
-void stream_queue(slime_ep_t *ep, txn_t *t) { list_push_back(&ep->txq, &t->link); }
+void frames_queue(slime_ep_t *ep, txn_t *t) { list_push_back(&ep->txq, &t->link); }
 
 static void tx_done(slime_ep_t *ep, txn_t *t) {
     list_del(&t->link);
@@ -30,8 +30,10 @@ static void tx_done(slime_ep_t *ep, txn_t *t) {
     free(t);
 }
 
+/* Watches for write-readiness while frames wait, for a transport whose
+ * writes stop on a full socket (others ring doorbells or complete). */
 static void arm_out(slime_ep_t *ep) {
-    if (ep->tp->wire != WIRE_TRANSPORT_TCP) return; /* rings ring doorbells instead */
+    if (!(ep->tp->caps & TP_CAP_WRITE_EVENTS)) return;
     bool want = !list_empty(&ep->txq);
     if (want == ep->want_out) return;
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0), .data.ptr = ep->pollable};
@@ -39,7 +41,7 @@ static void arm_out(slime_ep_t *ep) {
     ep->want_out = want;
 }
 
-int stream_flush(slime_ep_t *ep) {
+int frames_flush(slime_ep_t *ep) {
     size_t moved = 0;
     while (ep->state == EP_UP && !list_empty(&ep->txq)) {
         struct iovec iov[TX_IOV];
@@ -97,7 +99,7 @@ static void rx_reset(rx_ctx_t *rx) {
     rx->text[0] = 0;
 }
 
-int stream_rx(slime_ep_t *ep) {
+int frames_rx(slime_ep_t *ep) {
     rx_ctx_t *rx = &ep->rx;
     size_t moved = 0;
     uint8_t scratch[16384];
@@ -125,7 +127,7 @@ int stream_rx(slime_ep_t *ep) {
         while (rx->left) {
             uint8_t *dst = rx->sink == SINK_DISCARD ? scratch : rx->dst + rx->got;
             size_t want = rx->sink == SINK_DISCARD ? min_sz(rx->left, sizeof scratch) : rx->left;
-            ssize_t n = combine ? stream_rx_combine(ep) : ep->tp->read(ep, dst, want);
+            ssize_t n = combine ? frames_rx_combine(ep) : ep->tp->read(ep, dst, want);
             if (n < 0) return 1;
             if (n == 0) return moved > 0;
             moved += (size_t)n;

@@ -1,0 +1,85 @@
+/* The shm transport's private objects, shared by its files:
+ *   shm.c            the transport's table, its per-context state, and a
+ *                    connection's life (built from a handshake, closed)
+ *   shm_handshake.c  listening, dialing and accepting (segment and MR
+ *                    table fds passed over a unix socket)
+ *   shm_ring.c       the two rings of the frame stream, and doorbells
+ *   shm_rma.c        one-sided ops by CMA or mapped blocks, split among
+ *                    the copy team, small ones coalesced */
+#ifndef SLIME_SHM_INTERNAL_H
+#define SLIME_SHM_INTERNAL_H
+
+#include "transport/shm_peermap.h"
+#include "transport/transport.h"
+
+#define SEG_MAGIC 0x534c494d45534547ull
+#define SEG_HDR 4096
+
+typedef struct ring {
+    _Alignas(64) _Atomic uint64_t tail;       /* producer's */
+    _Alignas(64) _Atomic uint64_t head;       /* consumer's */
+    _Atomic uint32_t want_space;              /* producer waits for room */
+} ring_t;
+
+typedef struct seg_hdr {
+    uint64_t magic;
+    uint64_t ring_size;
+    ring_t ring[2];                           /* [0]: dialer -> acceptor */
+} seg_hdr_t;
+_Static_assert(sizeof(seg_hdr_t) <= SEG_HDR, "segment header");
+
+/* Unmapped one-sided ops larger than this (DLSLIME_SHM_CMA_MAX) go by the
+ * rings, as frames the target's progress thread serves.  Past the
+ * last-level cache both ways are bound by memory traffic, and CMA moves
+ * three streams (the source, the destination read for ownership, the
+ * destination written) where the rings move two (the ring stays cached
+ * and its reader streams past the cache): 64 MiB took 5.7-6.1 ms by CMA
+ * and 3.6-4.4 ms by the rings, while 16 MiB was level. */
+#define CMA_MAX (32u << 20)
+
+typedef struct shm_conn {
+    int sock;
+    uint8_t *seg;
+    size_t seg_len;
+    ring_t *tx, *rx;
+    uint8_t *txd, *rxd;
+    uint64_t size, chunk;
+    mr_shared_t *peer;                        /* the peer's MR table */
+    int peer_pid;
+    bool cma;
+    size_t cma_max;                           /* larger unmapped ops go by the rings */
+    peermap_t *map;                           /* the peer's shared blocks mapped here */
+} shm_conn_t;
+
+/* shm.c */
+/* The pid of the process at the other end of a unix socket, or 0. */
+int shm_peer_pid(int sock);
+/* fd mapped shared, read-write; NULL on failure. */
+void *shm_map(int fd, size_t len);
+static inline size_t shm_seg_size(uint64_t ring) { return SEG_HDR + 2 * ring; }
+/* A connection over the mapped segment seg and the peer's MR table:
+ * owns sock, seg and peer from then on; NULL when out of memory. */
+shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, mr_shared_t *peer, bool dialer);
+
+/* shm_handshake.c */
+slime_status_t shm_listen(uint64_t ctx_id, int *fd);
+slime_status_t shm_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t deadline, void **conn,
+                        int *fd_out, wire_welcome_t *w);
+int shm_read_hello(slime_ctx_t *ctx, pending_conn_t *pc);
+slime_status_t shm_send_welcome(slime_ctx_t *ctx, pending_conn_t *pc, const wire_welcome_t *w, void **conn);
+
+/* shm_ring.c */
+ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n);
+ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n);
+size_t shm_rx_peek(slime_ep_t *ep, size_t n, const uint8_t **at);
+void shm_rx_consume(slime_ep_t *ep, size_t k);
+bool shm_rx_ready(slime_ep_t *ep);
+bool shm_has_work(slime_ep_t *ep);
+void shm_fd_event(slime_ep_t *ep, uint32_t events);
+/* memcpy with non-temporal stores (past the cache). */
+void shm_copy_stream(uint8_t *dst, const uint8_t *src, size_t n);
+
+/* shm_rma.c */
+slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max);
+
+#endif
