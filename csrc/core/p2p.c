@@ -1,7 +1,6 @@
 /* The core's side of core/p2p.h: thin functions over its internals, so
  * that the collectives and RPC never see a core struct. */
 #include <stdio.h>
-#include <string.h>
 
 #include "core/internal.h"
 #include "core/p2p.h"
@@ -53,10 +52,8 @@ size_t p2p_drop_unexpected(slime_ctx_t *ctx, bool (*stale)(uint64_t tag, void *a
 slime_ctx_t *p2p_ep_ctx(const slime_ep_t *ep) { return ep->ctx; }
 
 bool p2p_ep_can(const slime_ep_t *ep, p2p_cap_t cap) {
-    /* MERGE: ask the transport table */
-    const char *t = slime_ep_transport(ep);
     switch (cap) {
-    case P2P_CAP_CPU_RMA: return t && strcmp(t, "shm") == 0;
+    case P2P_CAP_CPU_RMA: return ep_has_cap(ep, TP_CAP_CPU_RMA);
     }
     return false;
 }
