@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "core/md.h"
 #include "transport/transport.h"
 #include "transport/verbs.h"
 #include "transport/verbs.h"
@@ -100,6 +101,7 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     }
     /* before any MR exists: every region is registered with the device */
     if ((st = verbs_open(ctx, force == WIRE_TRANSPORT_VERBS)) != SLIME_OK) goto fail;
+    if ((st = md_open_all(ctx)) != SLIME_OK) goto fail; /* a device's domain needs its device */
 
     const char *host = opts->tcp_host ? opts->tcp_host : getenv("DLSLIME_HOST");
     uint16_t port = 0;
@@ -118,6 +120,7 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     *out = ctx;
     return SLIME_OK;
 fail:
+    md_close_all(ctx);
     verbs_close(ctx);
     if (ctx->tcp_listen_fd >= 0) close(ctx->tcp_listen_fd);
     if (ctx->shm_listen_fd >= 0) close(ctx->shm_listen_fd);
@@ -157,8 +160,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
         slime_mr_t *mr = container_of(ctx->mrs.next, slime_mr_t, link);
         list_del(&mr->link);
         mr->ctx = NULL; /* the caller may still deregister (free) it */
-        shmem_dereg(&ctx->mr_table->slots[mr->slot]);
-        verbs_mr_unreg(mr); /* the device closes below */
+        md_mr_unreg(ctx, mr); /* the domains close below */
     }
     pthread_mutex_unlock(&ctx->lock);
     run_callbacks(ctx); /* the progress thread is gone: the last ones here */
@@ -174,6 +176,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
     }
     team_destroy(atomic_load(&ctx->team)); /* no thread is in a copy now */
     list_for_each_safe(pos, tmp, &ctx->eps) ep_free(container_of(pos, slime_ep_t, link));
+    md_close_all(ctx);
     verbs_close(ctx);
 
     close(ctx->tcp_listen_fd);

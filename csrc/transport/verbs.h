@@ -16,17 +16,9 @@ slime_status_t verbs_open(slime_ctx_t *ctx, bool forced);
 /* After every endpoint is closed and every MR unregistered. */
 void verbs_close(slime_ctx_t *ctx);
 
-/* Memory regions (mr.c).  reg/unreg run without ctx->lock (pinning is
- * slow); bind and revoke with it.  In auto mode a region the device cannot
- * register is kept without (reg returns SLIME_OK): only verbs ops on it
- * fail, with SLIME_ERR_ACCESS. */
-slime_status_t verbs_mr_reg(slime_ctx_t *ctx, slime_mr_t *mr);
-void verbs_mr_bind(slime_ctx_t *ctx, const slime_mr_t *mr);
-/* The region is dying: peers that cached its key must drop it.  Each
- * such peer holds a pin on the table entry until it has (or is lost), so
- * slime_mr_dereg's wait for the pins covers their in-flight accesses. */
-void verbs_mr_revoke(slime_ctx_t *ctx, const slime_mr_t *mr);
-void verbs_mr_unreg(slime_mr_t *mr);
+/* Its memory domain (verbs_md.c), in the table of transport/domains.c
+ * where the build has the transport. */
+extern const struct md_ops slime_verbs_md;
 
 /* slime_ctx_counter's verbs counters (0 without a device). */
 uint64_t verbs_counter(const slime_ctx_t *ctx, slime_counter_t which);

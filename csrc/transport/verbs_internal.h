@@ -19,6 +19,7 @@
 
 #include <infiniband/verbs.h>
 
+#include "core/regcache.h"
 #include "transport/transport.h"
 #include "transport/verbs.h"
 
@@ -63,7 +64,6 @@ bool verbs_api_load(char *why, size_t whylen);
 int verbs_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_attr *a);
 
 /* ---- the device a context uses (verbs_dev.c) ---- */
-typedef struct regcache regcache_t;
 typedef struct verbs_conn verbs_conn_t;
 
 typedef struct verbs_dev {
@@ -90,7 +90,7 @@ typedef struct verbs_dev {
     /* the verbs rkey of each MR table slot, for the peers that ask:
      * VKEY_VALID | rkey, or 0 (a region left unregistered in auto mode) */
     uint64_t slot_vkey[MR_TABLE_SLOTS];
-    regcache_t *cache;
+    md_t *md;                   /* the verbs memory domain open on it (verbs_md.c) */
     /* recent asynchronous events about QPs (a QP the device broke by
      * itself flushes its work without an error completion) */
     struct {
@@ -100,14 +100,14 @@ typedef struct verbs_dev {
     unsigned n_qp_events;
 } verbs_dev_t;
 
+/* The device the context opened, or NULL. */
+verbs_dev_t *verbs_dev_of(const slime_ctx_t *ctx);
+
 /* Reads the device's pending asynchronous events; the text of the last
  * one about a QP of c, or NULL. */
 const char *verbs_async_why(verbs_conn_t *c);
 
 #define VKEY_VALID (1ull << 32)
-
-/* A user region's verbs keys; false if it has none. */
-bool verbs_mr_keys(const slime_mr_t *mr, uint32_t *lkey, uint32_t *rkey, bool *writable);
 
 /* ---- what the handshake carries (verbs_handshake.c) ---- */
 #define VERBS_INFO_MAGIC 0x53425256u /* "VRBS" */
@@ -145,7 +145,6 @@ typedef struct vslot {
 } vslot_t;
 
 typedef struct rmr rmr_t;
-typedef struct regent regent_t;
 
 /* A one-sided transfer (user RMA, or a rendezvous fetch) in chunks. */
 enum vop_role { VOP_RMA = 1, VOP_FETCH };
@@ -269,16 +268,14 @@ void rkeys_op_done(verbs_conn_t *c, rmr_t *rmr);
 bool rkeys_on_ctrl(slime_ep_t *ep, const uint8_t *msg, size_t len);
 /* The conn closes: unpin what the peer held, drop what we cached. */
 void rkeys_conn_close(verbs_conn_t *c);
+/* Our region mr is dying (its verbs domain revokes it): every peer that
+ * validated its key is told to drop it. */
+void rkeys_revoke(slime_ctx_t *ctx, const slime_mr_t *mr);
 
-/* ---- registration cache for send/recv buffers (verbs_regcache.c) ---- */
-regcache_t *regcache_new(verbs_dev_t *dev);
-void regcache_free(regcache_t *rc);
-/* A registration covering [addr, +len) with the access given: a user
- * region's, else (if len >= new_min) a new or cached one; NULL with *why
- * set if none can be had. */
-regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, size_t new_min, const char **why);
-void regcache_put(regcache_t *rc, regent_t *e);
-uint64_t regcache_counter(const regcache_t *rc, slime_counter_t which);
+/* ---- the verbs memory domain (verbs_md.c) ---- */
+/* A user region's verbs keys; false if it has none. */
+bool verbs_mr_keys(const slime_mr_t *mr, uint32_t *lkey, uint32_t *rkey, bool *writable);
+/* The device's keys of a transfer buffer's registration (regcache_get). */
 uint32_t regent_lkey(const regent_t *e);
 uint32_t regent_rkey(const regent_t *e);
 

@@ -16,14 +16,6 @@ slime_status_t verbs_open(slime_ctx_t *ctx, bool forced) {
 }
 
 void verbs_close(slime_ctx_t *ctx) { (void)ctx; }
-slime_status_t verbs_mr_reg(slime_ctx_t *ctx, slime_mr_t *mr) {
-    (void)ctx;
-    (void)mr;
-    return SLIME_OK;
-}
-void verbs_mr_bind(slime_ctx_t *ctx, const slime_mr_t *mr) { (void)ctx; (void)mr; }
-void verbs_mr_revoke(slime_ctx_t *ctx, const slime_mr_t *mr) { (void)ctx; (void)mr; }
-void verbs_mr_unreg(slime_mr_t *mr) { (void)mr; }
 uint64_t verbs_counter(const slime_ctx_t *ctx, slime_counter_t which) {
     (void)ctx;
     (void)which;
