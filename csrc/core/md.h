@@ -14,8 +14,9 @@
  *   it has detect, and a region belongs to the first one in table order
  *   that claims its range (the host domain, last of them, claims any);
  *   copy_in/copy_out move bytes between such memory and host memory;
- * - a registration domain (verbs) has no detect and registers every
- *   region, whatever its memory, so that a device can reach it.
+ * - a registration domain (an RDMA device's) has no detect and
+ *   registers every region, whatever its memory, so that its device can
+ *   reach it.
  * A region is registered with its memory domain and with every
  * registration domain open in its context (md.c). */
 #ifndef SLIME_MD_H
