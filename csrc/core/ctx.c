@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "transport/verbs.h"
+#include "core/md.h"
 
 void slime_ctx_opts_init(slime_ctx_opts_t *opts) {
     if (opts) memset(opts, 0, sizeof *opts);
@@ -130,6 +130,8 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     if ((st = mrs_open(ctx)) != SLIME_OK) goto fail_mrs;
     /* before any MR exists: a transport may register every region */
     if ((st = transports_open(ctx, opts)) != SLIME_OK) goto fail_transports;
+    /* a device's memory domain needs its transport's device */
+    if ((st = md_open_all(ctx)) != SLIME_OK) goto fail_mds;
     int e = pthread_create(&ctx->thread, NULL, progress_thread_main, ctx);
     if (e) {
         st = slime_errorf(SLIME_ERR_SYSTEM, "ctx_create: progress thread: %s", strerror(e));
@@ -138,6 +140,8 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     *out = ctx;
     return SLIME_OK;
 fail_thread:
+    md_close_all(ctx);
+fail_mds:
     transports_close(ctx);
 fail_transports:
     mrs_close(ctx);
@@ -164,8 +168,7 @@ static void fail_everything(slime_ctx_t *ctx) {
         slime_mr_t *mr = container_of(ctx->mrs.next, slime_mr_t, link);
         list_del(&mr->link);
         mr->ctx = NULL; /* the caller may still deregister (free) it */
-        shmem_dereg(&ctx->mr_table->slots[mr->slot]);
-        verbs_mr_unreg(mr); /* the device closes below */
+        md_mr_unreg(ctx, mr); /* the domains close below */
     }
 }
 
@@ -191,6 +194,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
     team_destroy(atomic_load(&ctx->team)); /* no thread is in a copy now */
     slime_list_t *pos, *tmp;
     list_for_each_safe(pos, tmp, &ctx->eps) ep_free(container_of(pos, slime_ep_t, link));
+    md_close_all(ctx);
     transports_close(ctx);
     mrs_close(ctx);
     epoll_close(ctx);

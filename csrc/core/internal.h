@@ -79,7 +79,12 @@ static inline bool req_done(const slime_req_t *r) {
     return atomic_load_explicit(&r->state, memory_order_acquire) != SLIME_INPROGRESS;
 }
 
-/* ---- memory regions (mr.c) ---- */
+/* ---- memory regions (mr.c) and their domains (md.c, md.h) ---- */
+/* Domains open in one context at most (the table's length). */
+#define SLIME_MD_MAX 8
+typedef struct md md_t;
+typedef struct md_memh md_memh_t;
+
 struct slime_mr {
     slime_ctx_t *ctx;           /* NULL once the context is destroyed */
     slime_list_t link;          /* ctx->mrs */
@@ -88,11 +93,14 @@ struct slime_mr {
     void *addr;
     size_t len;
     _Atomic int local_users;    /* local requests still using it */
-    void *verbs_mr;             /* its verbs registration (transport/verbs_dev.c), or NULL */
+    const md_t *md;             /* the memory domain its bytes belong to */
+    int device;                 /* ...and the device in it, or -1 */
+    md_memh_t *memh[SLIME_MD_MAX]; /* its registration in ctx->mds[i], or NULL */
 };
 
-/* The shared MR table: mapped by every shm peer so it can check accesses
- * it makes by CMA itself; the stream path checks the same table. */
+/* The shared MR table: mapped by every same-host peer so it can check
+ * accesses it makes by CMA itself; the stream path checks the same table.
+ * Peers of the same build map it: entries keep their size and order. */
 #define MR_TABLE_SLOTS 4096
 #define MR_TABLE_MAGIC 0x4d525441424c4531ull
 enum { MR_FREE = 0, MR_VALID = 1, MR_DYING = 2 };
@@ -104,15 +112,15 @@ typedef struct mr_entry {
     _Atomic int32_t inflight;   /* accesses copying right now */
     uint32_t rkey;
     uint32_t access;
-    int32_t shm_fd;             /* inside a slime_mem_alloc block: its memfd, else -1 */
+    int32_t block_fd;           /* inside a shared block (shmem.c): its memfd, else -1 */
     uint64_t addr, len;
-    uint64_t shm_ino, shm_base, shm_len; /* that block's inode, start and length */
+    uint64_t block_ino, block_base, block_len; /* that block's inode, start and length */
 } mr_entry_t;
 
 typedef struct mr_shared {
     uint64_t magic;
-    /* threads of this context polling its shm rings right now; a peer
-     * that writes to a ring rings the doorbell only when this is 0 */
+    /* threads of this context polling its rings right now; a peer that
+     * writes to a ring rings the doorbell only when this is 0 */
     _Atomic int32_t polling;
     uint32_t pad;
     /* ...nor until this time (CLOCK_MONOTONIC ns): a thread that just
@@ -133,14 +141,8 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey,
                                 uint64_t *addr, char *why, size_t whylen);
 void mr_table_release(mr_shared_t *t, uint64_t handle);
 slime_status_t mr_table_create(int *fd, mr_shared_t **out);
-/* hugepages.c: moves a region's whole huge pages onto huge pages (a hint). */
-void mr_use_huge_pages(void *addr, size_t len);
 
-/* shmem.c: shared allocations.  shmem_reg fills e's shm_* fields (shm_fd
- * -1 when addr is not inside a block) and counts the registration;
- * shmem_dereg uncounts it. */
-void shmem_reg(mr_entry_t *e, const void *addr, size_t len);
-void shmem_dereg(mr_entry_t *e);
+/* shmem.c: every context's table hears of freed blocks (mem_frees). */
 slime_status_t shmem_table_add(mr_shared_t *t);
 void shmem_table_remove(mr_shared_t *t);
 slime_status_t desc_check(const slime_ep_t *ep, const slime_mr_desc_t *d,
@@ -355,6 +357,8 @@ struct slime_ctx {
     int mr_fd;
     mr_shared_t *mr_table;
     slime_list_t mrs;
+    md_t *mds;                  /* memory domains open here (md.c) */
+    unsigned n_mds;
     /* progress thread and waiters */
     pthread_t thread;
     _Atomic bool stop;

@@ -1,6 +1,6 @@
 /* Memory regions and the shared MR table.
  *
- * The table lives in a memfd that shm peers map, so a peer doing CMA
+ * The table lives in a memfd that same-host peers map, so a peer doing CMA
  * checks its access against the owner's table itself, and the owner's
  * stream path checks the very same entries: one rule for both.  An access
  * pins its entry (inflight++) and re-checks it; deregistration marks the
@@ -14,9 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "core/internal.h"
-#include "transport/transport.h"
-#include "transport/verbs.h"
+#include "core/md.h"
 
 #define DEREG_WAIT_NS (5ull * 1000000000ull)
 
@@ -73,6 +71,29 @@ void mr_table_release(mr_shared_t *t, uint64_t handle) {
     if (slot < MR_TABLE_SLOTS) atomic_fetch_sub(&t->slots[slot].inflight, 1);
 }
 
+/* Under ctx->lock: gives mr a free slot of the shared table and makes
+ * its entry valid, once every domain has packed its part. */
+static slime_status_t mr_publish(slime_ctx_t *ctx, slime_mr_t *mr) {
+    mr_shared_t *t = ctx->mr_table;
+    uint32_t slot = 0;
+    while (slot < MR_TABLE_SLOTS && atomic_load(&t->slots[slot].state) != MR_FREE) slot++;
+    if (slot == MR_TABLE_SLOTS)
+        return slime_errorf(SLIME_ERR_NOMEM, "mr_reg: all %d region slots are in use", MR_TABLE_SLOTS);
+    mr_entry_t *e = &t->slots[slot];
+    mr->ctx = ctx;
+    mr->slot = slot;
+    mr->gen = atomic_load(&e->gen);
+    mr->rkey = (uint32_t)random_u64() | 1u;
+    e->rkey = mr->rkey;
+    e->access = mr->access;
+    e->addr = (uint64_t)(uintptr_t)mr->addr;
+    e->len = mr->len;
+    md_mr_pack(ctx, mr, e);
+    atomic_store(&e->state, MR_VALID);
+    list_push_back(&ctx->mrs, &mr->link);
+    return SLIME_OK;
+}
+
 slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr, size_t len, unsigned access,
                             slime_mr_t **out) {
     if (out) *out = NULL;
@@ -85,41 +106,18 @@ slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr, size_t len, unsigned a
     mr->addr = addr;
     mr->len = len;
     mr->access = access;
-    /* before verbs pins it: peers will pin it for every op */
-    if (access & (SLIME_ACCESS_REMOTE_READ | SLIME_ACCESS_REMOTE_WRITE)) mr_use_huge_pages(addr, len);
-    slime_status_t st;
-    if (ctx_tp_state(ctx, WIRE_TRANSPORT_VERBS) && (st = verbs_mr_reg(ctx, mr)) != SLIME_OK) {
+    /* the domains register it without the lock: pinning is slow */
+    slime_status_t st = md_mr_reg(ctx, mr);
+    if (st == SLIME_OK) {
+        pthread_mutex_lock(&ctx->lock);
+        st = mr_publish(ctx, mr);
+        pthread_mutex_unlock(&ctx->lock);
+        if (st != SLIME_OK) md_mr_unreg(ctx, mr);
+    }
+    if (st != SLIME_OK) {
         free(mr);
         return st;
     }
-    pthread_mutex_lock(&ctx->lock);
-    mr_shared_t *t = ctx->mr_table;
-    uint32_t slot = MR_TABLE_SLOTS;
-    for (uint32_t i = 0; i < MR_TABLE_SLOTS; i++)
-        if (atomic_load(&t->slots[i].state) == MR_FREE) { slot = i; break; }
-    if (slot == MR_TABLE_SLOTS) {
-        pthread_mutex_unlock(&ctx->lock);
-        verbs_mr_unreg(mr);
-        free(mr);
-        return slime_errorf(SLIME_ERR_NOMEM, "mr_reg: all %d region slots are in use", MR_TABLE_SLOTS);
-    }
-    mr_entry_t *e = &t->slots[slot];
-    mr->ctx = ctx;
-    mr->slot = slot;
-    mr->gen = atomic_load(&e->gen);
-    mr->rkey = (uint32_t)random_u64() | 1u;
-    mr->access = access;
-    mr->addr = addr;
-    mr->len = len;
-    e->rkey = mr->rkey;
-    e->access = access;
-    e->addr = (uint64_t)(uintptr_t)addr;
-    e->len = len;
-    shmem_reg(e, addr, len);
-    if (ctx_tp_state(ctx, WIRE_TRANSPORT_VERBS)) verbs_mr_bind(ctx, mr);
-    atomic_store(&e->state, MR_VALID);
-    list_push_back(&ctx->mrs, &mr->link);
-    pthread_mutex_unlock(&ctx->lock);
     *out = mr;
     return SLIME_OK;
 }
@@ -138,23 +136,20 @@ slime_status_t slime_mr_dereg(slime_mr_t *mr) {
                             atomic_load(&mr->local_users));
     mr_entry_t *e = &ctx->mr_table->slots[mr->slot];
     atomic_store(&e->state, MR_DYING);
-    if (mr->verbs_mr) {
-        pthread_mutex_lock(&ctx->lock);
-        verbs_mr_revoke(ctx, mr);
-        pthread_mutex_unlock(&ctx->lock);
-    }
+    pthread_mutex_lock(&ctx->lock);
+    md_mr_revoke(ctx, mr);
+    pthread_mutex_unlock(&ctx->lock);
     /* accesses that pinned the entry before it died finish their copy */
     if (!ctx_wait_until(ctx, unpinned, e, now_ns() + DEREG_WAIT_NS)) {
         return slime_errorf(SLIME_ERR_BUSY, "mr_dereg: remote accesses still copying after %llu s; "
                             "the region refuses new ones, call again", DEREG_WAIT_NS / 1000000000ull);
     }
     pthread_mutex_lock(&ctx->lock);
-    shmem_dereg(e);
     atomic_fetch_add(&e->gen, 1);
     atomic_store(&e->state, MR_FREE);
     list_del(&mr->link);
     pthread_mutex_unlock(&ctx->lock);
-    verbs_mr_unreg(mr);
+    md_mr_unreg(ctx, mr);
     free(mr);
     return SLIME_OK;
 }

@@ -72,22 +72,22 @@ static bool map_block(peermap_t *m, const mr_entry_t *e, mapping_t *s) {
         m->pidfd = (int)syscall(SYS_pidfd_open, m->peer_pid, 0);
         if (m->pidfd < 0) { m->disabled = true; return false; }
     }
-    int fd = (int)syscall(SYS_pidfd_getfd, m->pidfd, e->shm_fd, 0);
+    int fd = (int)syscall(SYS_pidfd_getfd, m->pidfd, e->block_fd, 0);
     if (fd < 0) {
         if (errno == EPERM || errno == ENOSYS || errno == EACCES) m->disabled = true;
         return false;
     }
     struct stat sb;
-    bool ok = fstat(fd, &sb) == 0 && (uint64_t)sb.st_ino == e->shm_ino && (uint64_t)sb.st_size >= e->shm_len;
-    void *p = ok ? mmap(NULL, e->shm_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    bool ok = fstat(fd, &sb) == 0 && (uint64_t)sb.st_ino == e->block_ino && (uint64_t)sb.st_size >= e->block_len;
+    void *p = ok ? mmap(NULL, e->block_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     close(fd);
     if (p == MAP_FAILED) return false;
-    *s = (mapping_t){.ino = e->shm_ino, .map = p, .len = e->shm_len, .owner_base = e->shm_base};
+    *s = (mapping_t){.ino = e->block_ino, .map = p, .len = e->block_len, .owner_base = e->block_base};
     return true;
 }
 
 uint8_t *peermap_lookup(peermap_t *m, const mr_entry_t *e, uint64_t raddr) {
-    if (!m || m->disabled || e->shm_fd < 0) return NULL;
+    if (!m || m->disabled || e->block_fd < 0) return NULL;
     uint64_t frees = atomic_load(&m->peer_table->mem_frees);
     if (frees != m->seen_frees) {
         for (int i = 0; i < PEERMAP_SLOTS; i++) unmap_slot(&m->slots[i]);
@@ -96,7 +96,7 @@ uint8_t *peermap_lookup(peermap_t *m, const mr_entry_t *e, uint64_t raddr) {
     mapping_t *hit = NULL, *victim = &m->slots[0];
     for (int i = 0; i < PEERMAP_SLOTS; i++) {
         mapping_t *s = &m->slots[i];
-        if (s->ino == e->shm_ino && s->owner_base == e->shm_base && s->len == e->shm_len) { hit = s; break; }
+        if (s->ino == e->block_ino && s->owner_base == e->block_base && s->len == e->block_len) { hit = s; break; }
         if (!s->ino || (victim->ino && s->used < victim->used)) victim = s;
     }
     if (!hit) {

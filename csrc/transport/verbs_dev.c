@@ -1,5 +1,4 @@
-/* Which RDMA device, port and GID a context uses, and the registration
- * of its memory regions with that device.
+/* Which RDMA device, port and GID a context uses.
  *
  * Candidates: $DLSLIME_VERBS_DEVICES ("mlx5_0,mlx5_1:2"), else every
  * device; with several, $LOCAL_RANK picks where to start (one NIC per
@@ -27,12 +26,6 @@ typedef struct candidate {
     char name[VERBS_MAX_DEVNAME];
     int port; /* 0: any */
 } candidate_t;
-
-/* What a slime_mr's verbs_mr points at. */
-typedef struct vmr {
-    struct ibv_mr *mr;
-    bool writable; /* registered with local write: may receive a READ */
-} vmr_t;
 
 static void append(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void append(char *buf, size_t len, const char *fmt, ...) {
@@ -272,12 +265,6 @@ slime_status_t verbs_dev_open(bool forced, verbs_dev_t **out) {
         else ok = try_device(dev, c->port, d, why, sizeof why);
     }
     verbs_api.free_device_list(list);
-    if (ok && !(d->cache = regcache_new(d))) {
-        verbs_api.dealloc_pd(d->pd);
-        verbs_api.close_device(d->ibv);
-        ok = false;
-        append(why, sizeof why, "; out of memory");
-    }
     if (!ok) {
         free(d);
         if (!forced) return SLIME_OK;
@@ -288,6 +275,7 @@ slime_status_t verbs_dev_open(bool forced, verbs_dev_t **out) {
     *out = d;
     return SLIME_OK;
 }
+
 
 const char *verbs_async_why(verbs_conn_t *c) {
     verbs_dev_t *d = c->dev;
@@ -311,70 +299,9 @@ const char *verbs_async_why(verbs_conn_t *c) {
 }
 
 void verbs_dev_close(verbs_dev_t *d) {
-    regcache_free(d->cache);
     verbs_api.dealloc_pd(d->pd);
     verbs_api.close_device(d->ibv);
     free(d);
-}
-
-slime_status_t verbs_mr_reg(slime_ctx_t *ctx, slime_mr_t *mr) {
-    verbs_dev_t *d = verbs_dev_of(ctx);
-    vmr_t *v = calloc(1, sizeof *v);
-    if (!v) return slime_errorf(SLIME_ERR_NOMEM, "mr_reg");
-    int remote = (mr->access & SLIME_ACCESS_REMOTE_READ ? IBV_ACCESS_REMOTE_READ : 0) |
-                 (mr->access & SLIME_ACCESS_REMOTE_WRITE ? IBV_ACCESS_REMOTE_WRITE : 0);
-    v->writable = true;
-    v->mr = verbs_api.reg_mr(d->pd, mr->addr, mr->len, IBV_ACCESS_LOCAL_WRITE | remote);
-    if (!v->mr && !(remote & IBV_ACCESS_REMOTE_WRITE)) {
-        /* read-only memory: it can still be read by peers and written
-         * from; only a READ into it is refused (verbs_rma checks) */
-        v->writable = false;
-        v->mr = verbs_api.reg_mr(d->pd, mr->addr, mr->len, remote);
-    }
-    if (!v->mr && !d->forced) {
-        /* auto mode: shm and tcp need no registration; only verbs ops on
-         * this region will be refused */
-        free(v);
-        return SLIME_OK;
-    }
-    if (!v->mr) {
-        int e = errno;
-        free(v);
-        struct rlimit rl;
-        char lim[64] = "unknown";
-        if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-            if (rl.rlim_cur == RLIM_INFINITY) snprintf(lim, sizeof lim, "unlimited");
-            else snprintf(lim, sizeof lim, "%llu bytes", (unsigned long long)rl.rlim_cur);
-        }
-        return slime_errorf(e == ENOMEM ? SLIME_ERR_NOMEM : SLIME_ERR_SYSTEM,
-                            "mr_reg: ibv_reg_mr of %zu bytes on %s failed: %s (RLIMIT_MEMLOCK: %s)", mr->len, d->name,
-                            strerror(e), lim);
-    }
-    mr->verbs_mr = v;
-    return SLIME_OK;
-}
-
-void verbs_mr_bind(slime_ctx_t *ctx, const slime_mr_t *mr) {
-    const vmr_t *v = mr->verbs_mr;
-    verbs_dev_of(ctx)->slot_vkey[mr->slot] = v ? VKEY_VALID | v->mr->rkey : 0;
-}
-
-void verbs_mr_unreg(slime_mr_t *mr) {
-    vmr_t *v = mr->verbs_mr;
-    if (!v) return;
-    verbs_api.dereg_mr(v->mr);
-    free(v);
-    mr->verbs_mr = NULL;
-}
-
-/* For the rest of the transport: a user region's keys. */
-bool verbs_mr_keys(const slime_mr_t *mr, uint32_t *lkey, uint32_t *rkey, bool *writable) {
-    const vmr_t *v = mr->verbs_mr;
-    if (!v) return false;
-    if (lkey) *lkey = v->mr->lkey;
-    if (rkey) *rkey = v->mr->rkey;
-    if (writable) *writable = v->writable;
-    return true;
 }
 
 #else

@@ -19,6 +19,7 @@
 
 #include <infiniband/verbs.h>
 
+#include "core/regcache.h"
 #include "transport/transport.h"
 #include "transport/verbs.h"
 
@@ -69,8 +70,6 @@ struct verbs_dev;
 static inline struct verbs_dev *verbs_dev_of(const slime_ctx_t *ctx) {
     return ctx_tp_state(ctx, WIRE_TRANSPORT_VERBS);
 }
-
-typedef struct regcache regcache_t;
 typedef struct verbs_conn verbs_conn_t;
 
 typedef struct verbs_dev {
@@ -97,7 +96,7 @@ typedef struct verbs_dev {
     /* the verbs rkey of each MR table slot, for the peers that ask:
      * VKEY_VALID | rkey, or 0 (a region left unregistered in auto mode) */
     uint64_t slot_vkey[MR_TABLE_SLOTS];
-    regcache_t *cache;
+    md_t *md;                   /* the verbs memory domain open on it (verbs_md.c) */
     /* recent asynchronous events about QPs (a QP the device broke by
      * itself flushes its work without an error completion) */
     struct {
@@ -119,9 +118,6 @@ void verbs_dev_close(verbs_dev_t *d);
 const char *verbs_async_why(verbs_conn_t *c);
 
 #define VKEY_VALID (1ull << 32)
-
-/* A user region's verbs keys; false if it has none. */
-bool verbs_mr_keys(const slime_mr_t *mr, uint32_t *lkey, uint32_t *rkey, bool *writable);
 
 /* ---- how an endpoint comes up (verbs_handshake.c) ---- */
 slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t deadline, void **conn, int *fd_out,
@@ -167,7 +163,6 @@ typedef struct vslot {
 } vslot_t;
 
 typedef struct rmr rmr_t;
-typedef struct regent regent_t;
 
 /* A one-sided transfer (user RMA, or a rendezvous fetch) in chunks. */
 enum vop_role { VOP_RMA = 1, VOP_FETCH };
@@ -291,17 +286,17 @@ void rkeys_op_done(verbs_conn_t *c, rmr_t *rmr);
 bool rkeys_on_ctrl(slime_ep_t *ep, const uint8_t *msg, size_t len);
 /* The conn closes: unpin what the peer held, drop what we cached. */
 void rkeys_conn_close(verbs_conn_t *c);
+/* Our region mr is dying (its verbs domain revokes it): every peer that
+ * validated its key is told to drop it. */
+void rkeys_revoke(slime_ctx_t *ctx, const slime_mr_t *mr);
 
-/* ---- registration cache for send/recv buffers (verbs_regcache.c) ---- */
-regcache_t *regcache_new(verbs_dev_t *dev);
-void regcache_free(regcache_t *rc);
-/* A registration covering [addr, +len) with the access given: a user
- * region's, else (if len >= new_min) a new or cached one; NULL with *why
- * set if none can be had. */
-regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, size_t new_min, const char **why);
-void regcache_put(regcache_t *rc, regent_t *e);
-uint64_t regcache_counter(const regcache_t *rc, slime_counter_t which);
+/* ---- the verbs memory domain (verbs_md.c) ---- */
+/* A user region's verbs keys; false if it has none. */
+bool verbs_mr_keys(const slime_mr_t *mr, uint32_t *lkey, uint32_t *rkey, bool *writable);
+/* The device's keys of a transfer buffer's registration (regcache_get). */
 uint32_t regent_lkey(const regent_t *e);
 uint32_t regent_rkey(const regent_t *e);
+/* slime_ctx_counter's registration counters of the device's cache. */
+uint64_t verbs_md_counter(const verbs_dev_t *d, slime_counter_t which);
 
 #endif

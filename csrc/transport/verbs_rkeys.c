@@ -232,7 +232,7 @@ bool rkeys_on_ctrl(slime_ep_t *ep, const uint8_t *msg, size_t len) {
     return false;
 }
 
-void verbs_mr_revoke(slime_ctx_t *ctx, const slime_mr_t *mr) {
+void rkeys_revoke(slime_ctx_t *ctx, const slime_mr_t *mr) {
     vctrl_t r = {.type = VC_REVOKE, .handle = (uint64_t)mr->slot << 32 | mr->gen};
     slime_list_t *pos, *tmp;
     list_for_each_safe(pos, tmp, &ctx->eps) {

@@ -37,7 +37,7 @@ vop_t *vop_new(verbs_conn_t *c, enum vop_role role, slime_req_t *req) {
 
 static void vop_free(verbs_conn_t *c, vop_t *op) {
     if (op->rmr) rkeys_op_done(c, op->rmr);
-    if (op->reg) regcache_put(c->dev->cache, op->reg);
+    if (op->reg) regcache_put(c->dev->md, op->reg);
     list_del(&op->link);
     list_del(&op->qlink);
     list_del(&op->ilink);
@@ -191,13 +191,12 @@ typedef struct offer {
 
 void verbs_rndv_offer(slime_ep_t *ep, slime_req_t *send, frame_t *rts) {
     verbs_conn_t *c = ep->conn;
-    const char *why;
     /* below rndv_min, copying through the stream beats registering */
-    regent_t *e = regcache_get(ep->ctx, send->buf, send->len, IBV_ACCESS_REMOTE_READ, c->dev->rndv_min, &why);
+    regent_t *e = regcache_get(c->dev->md, send->buf, send->len, SLIME_ACCESS_REMOTE_READ, c->dev->rndv_min);
     if (!e) return; /* a plain RTS: the data goes by the stream */
     offer_t *o = malloc(sizeof *o);
     if (!o) {
-        regcache_put(c->dev->cache, e);
+        regcache_put(c->dev->md, e);
         return;
     }
     o->req = send;
@@ -215,7 +214,7 @@ void verbs_rndv_release(slime_ep_t *ep, slime_req_t *send) {
         offer_t *o = container_of(pos, offer_t, link);
         if (o->req != send) continue;
         list_del(&o->link);
-        regcache_put(c->dev->cache, o->reg);
+        regcache_put(c->dev->md, o->reg);
         free(o);
         return;
     }
@@ -225,7 +224,7 @@ void verbs_offers_free(verbs_conn_t *c) {
     while (!list_empty(&c->offers)) {
         offer_t *o = container_of(c->offers.next, offer_t, link);
         list_del(&o->link);
-        regcache_put(c->dev->cache, o->reg);
+        regcache_put(c->dev->md, o->reg);
         free(o);
     }
 }
@@ -234,12 +233,11 @@ slime_status_t verbs_rndv_fetch(slime_ep_t *ep, slime_req_t *recv, uint64_t sreq
                                 uint64_t len) {
     verbs_conn_t *c = ep->conn;
     c->ep = ep;
-    const char *why;
-    regent_t *e = regcache_get(ep->ctx, recv->buf, len, IBV_ACCESS_LOCAL_WRITE, 0, &why);
+    regent_t *e = regcache_get(c->dev->md, recv->buf, len, MD_ACCESS_LOCAL_WRITE, 0);
     if (!e) return SLIME_ERR_UNSUPPORTED; /* the sender sends it by the stream */
     vop_t *op = vop_new(c, VOP_FETCH, recv);
     if (!op) {
-        regcache_put(c->dev->cache, e);
+        regcache_put(c->dev->md, e);
         return SLIME_ERR_NOMEM;
     }
     op->is_read = true;

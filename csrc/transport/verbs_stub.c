@@ -8,14 +8,6 @@
 #include "transport/transport.h"
 #include "transport/verbs.h"
 
-slime_status_t verbs_mr_reg(slime_ctx_t *ctx, slime_mr_t *mr) {
-    (void)ctx;
-    (void)mr;
-    return SLIME_OK;
-}
-void verbs_mr_bind(slime_ctx_t *ctx, const slime_mr_t *mr) { (void)ctx; (void)mr; }
-void verbs_mr_revoke(slime_ctx_t *ctx, const slime_mr_t *mr) { (void)ctx; (void)mr; }
-void verbs_mr_unreg(slime_mr_t *mr) { (void)mr; }
 
 static slime_status_t stub_ctx_open(slime_ctx_t *ctx, const slime_ctx_opts_t *opts, enum tp_mode mode,
                                     void **state) {

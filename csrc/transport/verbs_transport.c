@@ -33,7 +33,7 @@ static int verbs_reach(const slime_ctx_t *ctx, const void *state, const wire_add
 }
 
 static uint64_t verbs_counter(const void *state, slime_counter_t which) {
-    return regcache_counter(((const verbs_dev_t *)state)->cache, which);
+    return verbs_md_counter(state, which);
 }
 
 const transport_ops_t slime_verbs_transport = {

@@ -1,4 +1,5 @@
-/* Registrations for send/recv buffers (the RDMA-READ rendezvous).
+/* Registrations for transfer buffers (a rendezvous the receiver fetches
+ * by itself), in whichever memory domain the transport needs them.
  *
  * A buffer inside one of the user's registered regions uses that
  * region's registration: no cost, and safe, since the user keeps such
@@ -11,49 +12,44 @@
  * address (the registration would still point at the old pages and the
  * peer would read stale bytes), and nothing sees that happen without
  * memory hooks.  So registrations are kept only inside watched memory
- * (slime_mem_watch: the allocator promises an unwatch first, which drops
- * them; torch's CPU allocator under the backend and the RPC payload pool
- * do that), in an LRU bounded by $DLSLIME_VERBS_REGCACHE_MB (default
- * 1024) and CACHE_MAX_ENTRIES; $DLSLIME_VERBS_REGCACHE=0 keeps none.
- * Other buffers are deregistered after their transfer.  Entries in use
- * are never freed; one whose memory is unwatched meanwhile leaves the
- * cache and is freed by its last user.
+ * (memwatch.c, the one source of truth: the allocator promises an unwatch
+ * first, which drops them; torch's CPU allocator under the backend and
+ * the RPC payload pool do that), in an LRU per domain bounded by the
+ * domain's byte limit and CACHE_MAX_ENTRIES.  Other buffers are
+ * deregistered after their transfer.  Entries in use are never freed; one
+ * whose memory is unwatched meanwhile leaves the cache and is freed by
+ * its last user.
  *
  * Locking: get/put run under ctx->lock; the unwatch notice comes from any
  * thread.  rc->mu guards the LRU and entries' refs; the watched check and
  * the insertion happen under it, so the notice (which takes rc->mu after
  * the range left the watched set) always sees what it must drop. */
-#ifdef SLIME_HAVE_VERBS
-
-#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "core/memwatch.h"
-#include "transport/verbs_internal.h"
+#include "core/regcache.h"
 
 #define CACHE_MAX_ENTRIES 256
+#define PAGE 4096u
 
 struct regent {
     slime_list_t link;  /* the cache's LRU, most recent first */
     uintptr_t start, end;
-    struct ibv_mr *mr;
-    int access;
+    md_memh_t *memh;    /* the domain's registration (the user region's if lent) */
     unsigned refs;
     bool cached;
     slime_mr_t *user;   /* a user region lent to us instead */
-    uint32_t lkey, rkey;
 };
 
 struct regcache {
-    verbs_dev_t *dev;
+    md_t *md;
     pthread_mutex_t mu;
     slime_list_t lru;
     size_t bytes, max_bytes;
     unsigned n;
-    bool enabled, subscribed;
+    bool keep, subscribed;
     atomic_uint_fast64_t registrations, reused; /* slime_ctx_counter */
 };
 
@@ -66,16 +62,15 @@ static void push_front(slime_list_t *h, slime_list_t *n) {
 
 static void on_unwatch(void *arg, uintptr_t start, uintptr_t end);
 
-regcache_t *regcache_new(verbs_dev_t *dev) {
+regcache_t *regcache_new(md_t *md, bool keep, size_t max_bytes) {
     regcache_t *rc = calloc(1, sizeof *rc);
     if (!rc) return NULL;
-    rc->dev = dev;
+    rc->md = md;
     pthread_mutex_init(&rc->mu, NULL);
     list_init(&rc->lru);
-    rc->enabled = !env_off("DLSLIME_VERBS_REGCACHE");
-    rc->max_bytes = env_size("DLSLIME_VERBS_REGCACHE_MB", 1024) << 20;
+    rc->max_bytes = max_bytes;
     /* without the notices nothing may be kept */
-    if (rc->enabled) rc->enabled = rc->subscribed = memwatch_subscribe(on_unwatch, rc);
+    rc->keep = keep && (rc->subscribed = memwatch_subscribe(on_unwatch, rc));
     return rc;
 }
 
@@ -85,7 +80,7 @@ static void entry_free(regcache_t *rc, regent_t *e) {
         rc->bytes -= e->end - e->start;
         rc->n--;
     }
-    verbs_api.dereg_mr(e->mr);
+    rc->md->ops->unreg(rc->md, e->memh);
     free(e);
 }
 
@@ -141,22 +136,18 @@ void regcache_free(regcache_t *rc) {
     free(rc);
 }
 
-static regent_t *from_user_region(slime_ctx_t *ctx, uintptr_t a, size_t len, int access) {
+static regent_t *from_user_region(md_t *md, uintptr_t a, size_t len, unsigned access) {
     slime_list_t *pos;
-    for (pos = ctx->mrs.next; pos != &ctx->mrs; pos = pos->next) {
+    for (pos = md->ctx->mrs.next; pos != &md->ctx->mrs; pos = pos->next) {
         slime_mr_t *mr = container_of(pos, slime_mr_t, link);
         uintptr_t s = (uintptr_t)mr->addr;
-        uint32_t lkey, rkey;
-        bool writable;
+        md_memh_t *h = mr->memh[md->index];
         if (a < s || len > mr->len || a - s > mr->len - len) continue;
-        if (!verbs_mr_keys(mr, &lkey, &rkey, &writable)) continue;
-        if ((access & IBV_ACCESS_REMOTE_READ) && !(mr->access & SLIME_ACCESS_REMOTE_READ)) continue;
-        if ((access & IBV_ACCESS_LOCAL_WRITE) && !writable) continue;
+        if (!h || (h->access & access) != access) continue;
         regent_t *e = calloc(1, sizeof *e);
         if (!e) return NULL;
         e->user = mr;
-        e->lkey = lkey;
-        e->rkey = rkey;
+        e->memh = h;
         list_init(&e->link);
         atomic_fetch_add(&mr->local_users, 1);
         return e;
@@ -165,11 +156,11 @@ static regent_t *from_user_region(slime_ctx_t *ctx, uintptr_t a, size_t len, int
 }
 
 /* Under rc->mu: a kept registration covering [a, a+len) with access. */
-static regent_t *cached_lookup(regcache_t *rc, uintptr_t a, size_t len, int access) {
+static regent_t *cached_lookup(regcache_t *rc, uintptr_t a, size_t len, unsigned access) {
     slime_list_t *pos;
     for (pos = rc->lru.next; pos != &rc->lru; pos = pos->next) {
         regent_t *e = container_of(pos, regent_t, link);
-        if (a < e->start || a + len > e->end || (e->access & access) != access) continue;
+        if (a < e->start || a + len > e->end || (e->memh->access & access) != access) continue;
         list_del(&e->link);
         push_front(&rc->lru, &e->link);
         e->refs++;
@@ -178,16 +169,35 @@ static regent_t *cached_lookup(regcache_t *rc, uintptr_t a, size_t len, int acce
     return NULL;
 }
 
-regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, size_t new_min, const char **why) {
-    regcache_t *rc = verbs_dev_of(ctx)->cache;
-    uintptr_t a = (uintptr_t)addr;
-    regent_t *e = from_user_region(ctx, a, len, access);
-    if (e) return e;
-    if (len < new_min) {
-        *why = "too small to be worth a registration";
+/* A registration of the pages under [a, +len) for this transfer. */
+static regent_t *fresh(regcache_t *rc, uintptr_t a, size_t len, unsigned access) {
+    uintptr_t start = a & ~(uintptr_t)(PAGE - 1), end = (a + len + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
+    md_t *md = rc->md;
+    md_memh_t *memh = NULL;
+    /* asked with remote read as well: one registration then serves this
+     * buffer's sends (peers read it) and receives (the device writes it) */
+    md->ops->reg(md, (void *)start, end - start, access | SLIME_ACCESS_REMOTE_READ, MD_REG_HIDE_ERRORS, &memh);
+    if (!memh) return NULL;
+    regent_t *e = calloc(1, sizeof *e);
+    if (!e) {
+        md->ops->unreg(md, memh);
         return NULL;
     }
-    if (rc->enabled) {
+    atomic_fetch_add(&rc->registrations, 1);
+    e->start = start;
+    e->end = end;
+    e->memh = memh;
+    e->refs = 1;
+    list_init(&e->link);
+    return e;
+}
+
+regent_t *regcache_get(md_t *md, void *addr, size_t len, unsigned access, size_t new_min) {
+    regcache_t *rc = md->cache;
+    uintptr_t a = (uintptr_t)addr;
+    regent_t *e = from_user_region(md, a, len, access);
+    if (e || len < new_min) return e; /* too small to be worth a registration */
+    if (rc->keep) {
         pthread_mutex_lock(&rc->mu);
         e = cached_lookup(rc, a, len, access);
         pthread_mutex_unlock(&rc->mu);
@@ -196,47 +206,22 @@ regent_t *regcache_get(slime_ctx_t *ctx, void *addr, size_t len, int access, siz
             return e;
         }
     }
-    uintptr_t start = a & ~(uintptr_t)4095, end = (a + len + 4095) & ~(uintptr_t)4095;
-    int want = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
-    struct ibv_mr *mr = verbs_api.reg_mr(rc->dev->pd, (void *)start, end - start, want);
-    if (!mr && !(access & IBV_ACCESS_LOCAL_WRITE)) {
-        want = IBV_ACCESS_REMOTE_READ; /* read-only memory can still be sent */
-        mr = verbs_api.reg_mr(rc->dev->pd, (void *)start, end - start, want);
-    }
-    if (!mr) {
-        *why = strerror(errno);
-        return NULL;
-    }
-    if (!(e = calloc(1, sizeof *e))) {
-        verbs_api.dereg_mr(mr);
-        *why = "out of memory";
-        return NULL;
-    }
-    atomic_fetch_add(&rc->registrations, 1);
-    e->start = start;
-    e->end = end;
-    e->mr = mr;
-    e->access = want;
-    e->refs = 1;
-    e->lkey = mr->lkey;
-    e->rkey = mr->rkey;
-    list_init(&e->link);
+    if (!(e = fresh(rc, a, len, access)) || !rc->keep) return e;
     /* the buffer, not the rounded pages: those may belong to others */
-    if (rc->enabled) {
-        pthread_mutex_lock(&rc->mu);
-        if (slime_mem_watched(addr, len)) {
-            e->cached = true;
-            push_front(&rc->lru, &e->link);
-            rc->bytes += end - start;
-            rc->n++;
-            evict(rc);
-        }
-        pthread_mutex_unlock(&rc->mu);
+    pthread_mutex_lock(&rc->mu);
+    if (slime_mem_watched(addr, len)) {
+        e->cached = true;
+        push_front(&rc->lru, &e->link);
+        rc->bytes += e->end - e->start;
+        rc->n++;
+        evict(rc);
     }
+    pthread_mutex_unlock(&rc->mu);
     return e;
 }
 
-void regcache_put(regcache_t *rc, regent_t *e) {
+void regcache_put(md_t *md, regent_t *e) {
+    regcache_t *rc = md->cache;
     if (e->user) {
         atomic_fetch_sub(&e->user->local_users, 1);
         free(e);
@@ -250,9 +235,4 @@ void regcache_put(regcache_t *rc, regent_t *e) {
     pthread_mutex_unlock(&rc->mu);
 }
 
-uint32_t regent_lkey(const regent_t *e) { return e->lkey; }
-uint32_t regent_rkey(const regent_t *e) { return e->rkey; }
-
-#else
-typedef int verbs_regcache_unused;
-#endif
+const md_memh_t *regent_memh(const regent_t *e) { return e->memh; }
