@@ -73,26 +73,13 @@ static int decline(void)
     return DECLINE;
 }
 
-/* An exact int >= 0 that fits a size_t (bool and int subclasses are left
- * to Python). */
-static int as_count(PyObject *obj, size_t *out)
-{
-    if (!PyLong_CheckExact(obj))
-        return DECLINE;
-    size_t v = PyLong_AsSize_t(obj);
-    if (v == (size_t)-1 && PyErr_Occurred())
-        return decline();
-    *out = v;
-    return ACCEPT;
-}
-
 /* local.data_ptr(), the address of its first element. */
 static int data_ptr_of(PyObject *local, size_t *out)
 {
     PyObject *v = PyObject_CallMethodNoArgs(local, s_data_ptr);
     if (!v)
         return decline();
-    int ok = as_count(v, out);
+    int ok = slime_py_rdma_size_of(v, out) ? ACCEPT : DECLINE;
     Py_DECREF(v);
     return ok;
 }
@@ -111,10 +98,10 @@ static int read_ranges(call_t *c)
             return DECLINE;
         range_t *r = &c->ranges[i];
         size_t start, end;
-        if (as_count(PyTuple_GET_ITEM(t, 0), &start) != ACCEPT
-            || as_count(PyTuple_GET_ITEM(t, 1), &end) != ACCEPT
+        if (!slime_py_rdma_size_of(PyTuple_GET_ITEM(t, 0), &start)
+            || !slime_py_rdma_size_of(PyTuple_GET_ITEM(t, 1), &end)
             || !PyWeakref_Check(PyTuple_GET_ITEM(t, 2)))
-            return decline();
+            return DECLINE;
         r->start = start;
         r->end = end;
         r->ref = PyTuple_GET_ITEM(t, 2);
@@ -201,7 +188,8 @@ static int op_check(call_t *c, slime_op_kind_t kind, PyObject *local,
 }
 
 /* The endpoint of r's owner: the one in endpoints while it is up, else
- * endpoint_of's. */
+ * endpoint_of's (connecting), whose error is raised as it is: the checked
+ * path would only connect again. */
 static slime_ep_t *endpoint_of(call_t *c, slime_py_rdma_remote_t *r)
 {
     if (r->ep)

@@ -48,8 +48,7 @@ static int refuse(const char *format, ...)
     return SLIME_PY_CHECK_REFUSED;
 }
 
-/* An exact int >= 0 that fits a size_t; 0 (no error) for anything else. */
-static int as_size(PyObject *obj, size_t *out)
+int slime_py_rdma_size_of(PyObject *obj, size_t *out)
 {
     if (!PyLong_CheckExact(obj))
         return 0;
@@ -76,7 +75,7 @@ static int is_int(PyObject *v)
  * *plain: it is an exact int that fits a size_t, in *out. */
 static int check_count(PyObject *v, size_t *out, int *plain)
 {
-    *plain = as_size(v, out);
+    *plain = slime_py_rdma_size_of(v, out);
     if (*plain)
         return SLIME_PY_CHECK_PASS;
     int in = is_int(v);
@@ -184,7 +183,9 @@ static int remotes_push(slime_py_rdma_checker_t *chk, const slime_py_rdma_remote
                         size_t *out)
 {
     if (chk->nremotes == chk->cap) {
-        size_t cap = chk->cap ? 2 * chk->cap : 4;
+        /* at first as many as fit one of Python's small blocks (512
+         * bytes): past it, an allocation is malloc's, a cost per call */
+        size_t cap = chk->cap ? 2 * chk->cap : 512 / sizeof(*chk->remotes);
         slime_py_rdma_remote_t *grown = PyMem_Realloc(chk->remotes, cap * sizeof(*grown));
         if (!grown) {
             PyErr_NoMemory();
@@ -229,7 +230,7 @@ static void remote_postable(slime_py_rdma_remote_t *r, PyObject *desc)
         PyErr_Clear();   /* not a torch.dtype: the dtype check decides */
     r->postable = r->counted && PyBytes_CheckExact(desc)
                   && r->desc_len == (Py_ssize_t)sizeof(r->desc.bytes)
-                  && itemsize && as_size(itemsize, &r->itemsize) && r->itemsize > 0;
+                  && itemsize && slime_py_rdma_size_of(itemsize, &r->itemsize) && r->itemsize > 0;
     Py_XDECREF(itemsize);
     if (r->postable)
         memcpy(r->desc.bytes, PyBytes_AS_STRING(desc), sizeof(r->desc.bytes));
@@ -256,7 +257,7 @@ static int remote_decode(const slime_py_rdma_env_t *env, PyObject *remote,
         goto out;
     r->job_ok = !differs;
     r->own = own;
-    r->counted = as_size(r->numel, &r->elements);
+    r->counted = slime_py_rdma_size_of(r->numel, &r->elements);
     remote_postable(r, desc);
     ok = 0;
 out:
@@ -390,7 +391,7 @@ int slime_py_rdma_check_op(slime_py_rdma_checker_t *chk, PyObject *local,
     PyObject *numel = PyObject_CallMethodNoArgs(local, s_numel);
     if (!numel)
         return SLIME_PY_CHECK_ERROR;
-    out->plain = out->plain && as_size(numel, &out->numel);
+    out->plain = out->plain && slime_py_rdma_size_of(numel, &out->numel);
     ok = remote_of(chk, remote, &out->remote);
     if (ok == SLIME_PY_CHECK_PASS) {
         const slime_py_rdma_remote_t *r = &chk->remotes[out->remote];

@@ -81,6 +81,10 @@ typedef struct {
     int plain;                 /* numel, offset and imm are plain ints */
 } slime_py_rdma_checked_t;
 
+/* An exact int >= 0 that fits a size_t: 1, its value in *out; else 0
+ * (no error set: bools, int subclasses and the rest are left to Python). */
+int slime_py_rdma_size_of(PyObject *obj, size_t *out);
+
 /* Parses env; SLIME_PY_CHECK_PASS, or ERROR with TypeError.  Clear the
  * checker either way (it may be cleared twice). */
 int slime_py_rdma_checker_init(slime_py_rdma_checker_t *chk, PyObject *env);
