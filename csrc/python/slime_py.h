@@ -143,6 +143,10 @@ int slime_py_rpc_init(PyObject *module);
 /* batch.c */
 PyObject *slime_py_batch(SlimeContextObject *context, PyObject *ops);
 
+/* rdma_check.c: the checks of dlslime_torch.rdma (rdma_check.h), as
+ * _C.rdma_check* and _C.RdmaRefusal. */
+int slime_py_rdma_init(PyObject *module);
+
 /* rdma.c: the fast path of dlslime_torch.rdma (METH_FASTCALL). */
 PyObject *slime_py_rdma_post(SlimeContextObject *context, PyObject *const *args,
                              Py_ssize_t nargs);

@@ -55,7 +55,9 @@ Errors (dlslime_torch.rdma.errors, each also the core's class of the same
 condition): before anything moves, RdmaInvalidError (a ValueError) for
 dtype or shape mismatch, non-contiguous or non-CPU tensors, bad
 immediates; RdmaAccessError for out-of-bounds ranges, deregistered
-regions and descriptors from another job.  From the target or the wire:
+regions and descriptors from another job (err.check names the check that
+refused, the same on every path: dlslime_torch.rdma.checks).  From the
+target or the wire:
 RdmaAccessError when the owner has deregistered the region,
 RdmaPeerLostError when it died; RdmaTimeoutError (a TimeoutError) when a
 wait runs out, the operation still pending.

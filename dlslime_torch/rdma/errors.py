@@ -13,7 +13,11 @@ from .. import _C
 
 class RdmaError(_C.SlimeError):
     """A one-sided operation failed.  status, status_name and detail as
-    on the core's errors (status is _C.ERR_* of the cause)."""
+    on the core's errors (status is _C.ERR_* of the cause); check: the
+    name of the check that refused the operation before anything moved
+    (dlslime_torch.rdma.checks), else None."""
+
+    check = None
 
     def __init__(self, message, status=None, detail=None):
         super().__init__(message)

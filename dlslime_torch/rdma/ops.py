@@ -21,8 +21,10 @@ import torch
 from .. import _C, runtime
 from ..futures import Future
 from . import region as regions
+from .checks import Refusal, check_count, check_tensor
+from .checks import error as refusal_error
 from .errors import RdmaAccessError, RdmaInvalidError, from_core
-from .region import Peer, Region, RemoteTensor, check_tensor
+from .region import Peer, Region, RemoteTensor
 
 CONNECT_TIMEOUT_S = 60
 _OPCODES = {"read": _C.OP_READ, "write": _C.OP_WRITE, "write_with_imm": _C.OP_WRITE_IMM}
@@ -46,29 +48,18 @@ def _endpoint(ctx, peer):
     return ep
 
 
-def _as_offset(value, name, label):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RdmaInvalidError(f"dlslime rdma: {label}{name} must be an int "
-                               f"(elements), got {value!r}")
-    if value < 0:
-        raise RdmaAccessError(f"dlslime rdma: {label}{name} is negative ({value})")
-    return value
-
-
 class _Call:
     """What every op of one call is checked against: this process's
     context and job, looked up again only when the context changes.
-    env: the same for the C fast path (Context.rdma_post, rdma_batch)."""
+    env: the same as the checks (_C.rdma_check, Context.rdma_post,
+    rdma_batch) take it (csrc/python/rdma_check.h)."""
 
-    __slots__ = ("ctx", "ctx_id", "job", "env")
+    __slots__ = ("ctx", "env")
 
     def __init__(self):
-        self.ctx = regions.context()
-        self.ctx_id = self.ctx.id
-        self.job = regions.this_job()
-        self.env = (self.job, self.ctx_id, RemoteTensor, torch.Tensor,
-                    _endpoints.setdefault(self.ctx_id, {}),
-                    functools.partial(_endpoint, self.ctx))
+        self.ctx = ctx = regions.context()
+        self.env = (regions.this_job(), ctx.id, RemoteTensor, torch.Tensor,
+                    _endpoints.setdefault(ctx.id, {}), functools.partial(_endpoint, ctx))
 
 
 _last_call = None
@@ -85,61 +76,40 @@ def _current_call():
 class _Op:
     """One checked operation: local (a contiguous CPU tensor), remote,
     and the byte range in the remote region.  own: this process's Region
-    behind the descriptor (None for a peer's).  The checks are the hot
-    path of small operations, so the text for errors is made only when
-    needed (describe)."""
+    behind the descriptor (None for a peer's).  The checks are
+    _C.rdma_check's, the fast path's own; the text for errors is made
+    only when needed (name, describe)."""
 
     __slots__ = ("kind", "local", "remote", "offset", "roff", "nbytes", "imm", "own", "label")
 
     def __init__(self, kind, local, remote, offset, call, imm=None, label=""):
-        self.kind, self.remote, self.imm, self.label = kind, remote, imm, label
         if isinstance(local, Region):
             local.check_registered()
             local = local.tensor
-        self.local = check_tensor(local, f"{label}the local tensor of {kind}")
-        if type(remote) is not RemoteTensor and not isinstance(remote, RemoteTensor):
-            raise RdmaInvalidError(
-                f"dlslime rdma: {label}the remote side of {kind} must be a "
-                f"RemoteTensor (Region.descriptor() of its owner), got "
-                f"{type(remote).__name__}")
-        self.offset = offset = _as_offset(offset, "offset", label)
-        n = local.numel()
-        if remote.owner.job != call.job:
-            raise RdmaAccessError(
-                f"dlslime rdma: {self.describe()}: the descriptor comes from another "
-                f"job (its job id differs from this process's); descriptors "
-                f"are valid only in the job that made them")
-        if len(remote.desc) != _C.DESC_SIZE:
-            raise RdmaInvalidError(f"dlslime rdma: {self.describe()}: malformed "
-                                   f"descriptor ({len(remote.desc)} bytes)")
-        if local.dtype != remote.dtype:
-            raise RdmaInvalidError(
-                f"dlslime rdma: {self.describe()}: the local tensor is {local.dtype} "
-                f"but the remote one is {remote.dtype}; they must match")
-        if offset + n > remote.numel:
-            raise RdmaAccessError(
-                f"dlslime rdma: {self.describe()}: elements [{offset}, {offset + n}) "
-                f"are outside the remote tensor of {remote.numel} elements")
-        if imm is not None:
-            if isinstance(imm, bool) or not isinstance(imm, int) or not 0 <= imm < 1 << 32:
-                raise RdmaInvalidError(f"dlslime rdma: {self.describe()}: imm must be "
-                                       f"an int in [0, 2**32), got {imm!r}")
-            if n == 0:
-                raise RdmaInvalidError(f"dlslime rdma: {self.describe()}: write_with_imm "
-                                       f"needs at least one element to carry the "
-                                       f"immediate")
+        self.kind, self.local, self.remote, self.offset = kind, local, remote, offset
+        self.imm, self.label = imm, label
+        try:
+            own = _C.rdma_check(local, remote, offset, imm, call.env)
+        except Refusal as refusal:
+            raise refusal_error(refusal, self.name) from None
         size = local.element_size()
-        self.roff, self.nbytes = offset * size, n * size
+        self.roff, self.nbytes = offset * size, local.numel() * size
         self.own = None
-        if remote.owner.context_id == call.ctx_id:
-            if imm is not None:
-                raise RdmaInvalidError(
-                    f"dlslime rdma: {self.describe()}: the region belongs to this "
-                    f"process, which cannot send itself an immediate")
+        if own:
             self.own = regions.by_desc(remote.desc)
             if self.own is None:
                 raise RdmaAccessError(f"dlslime rdma: {self.describe()}: that region "
                                       f"of this process was deregistered")
+
+    def name(self, part):
+        """The part of this op a refusal names (checks._WORDS)."""
+        if part == "tensor":
+            return f"{self.label}the local tensor of {self.kind}"
+        if part == "remote":
+            return f"{self.label}the remote side of {self.kind}"
+        if part == "count":
+            return f"{self.label}offset"
+        return self.describe()
 
     def describe(self):
         return _describe(self.kind, self.local, self.remote, self.offset, self.label)
@@ -345,8 +315,8 @@ def _unpack(item, kind, index, call):
             local.check_registered()
             local = local.tensor
         check_tensor(local, f"{label}the local tensor")
-        loff = _as_offset(loff, "local_offset", label)
-        length = _as_offset(length, "length", label)
+        loff = check_count(loff, "local_offset", label)
+        length = check_count(length, "length", label)
         if loff + length > local.numel():
             raise RdmaAccessError(
                 f"dlslime rdma: {label}local elements [{loff}, {loff + length}) "

@@ -18,6 +18,7 @@ import weakref
 import torch
 
 from .. import _C, runtime
+from .checks import check_tensor
 from .errors import RdmaAccessError, RdmaError, RdmaInvalidError, from_core
 
 _ACCESS = {"": 0, "r": _C.ACCESS_REMOTE_READ, "w": _C.ACCESS_REMOTE_WRITE,
@@ -109,23 +110,6 @@ class RemoteTensor:
 
 def _element_size(dtype):
     return torch.empty((), dtype=dtype).element_size()
-
-
-def check_tensor(tensor, what):
-    """A CPU, contiguous tensor, or a clear error naming `what`."""
-    if not isinstance(tensor, torch.Tensor):
-        raise RdmaInvalidError(f"dlslime rdma: {what} must be a torch.Tensor, "
-                               f"got {type(tensor).__name__}")
-    if not tensor.is_cpu:
-        raise RdmaInvalidError(
-            f"dlslime rdma: {what} is on {tensor.device}; the core moves CPU "
-            f"memory only (copy it to the CPU first)")
-    if not tensor.is_contiguous():
-        raise RdmaInvalidError(
-            f"dlslime rdma: {what} is not contiguous (shape {list(tensor.shape)}, "
-            f"stride {list(tensor.stride())}); pass tensor.contiguous() or a "
-            f"contiguous slice")
-    return tensor
 
 
 def byte_view(tensor):

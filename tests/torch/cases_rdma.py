@@ -10,6 +10,7 @@ exception class and text, and that the target's memory did not change.
 """
 
 import asyncio
+import dataclasses
 import datetime
 import pickle
 import threading
@@ -311,6 +312,63 @@ def registered_local_tensors(env, rdma, expect):
     finally:
         ops._post_one, ops._post_many = post_one, post_many
     env.sync()
+    win.free()
+
+
+@case
+def checks_agree_on_both_paths(env, rdma, expect):
+    """Each check the C fast path shares with the checked Python path
+    (csrc/python/rdma_check.c) refuses an op with the same error whether
+    the fast path met it first (a tensor inside a Region, a batch of short
+    items) or only the checked path did (the Region itself as the local
+    side, a batch led by a long item: both left to Python untouched).  The
+    check's name on the error says the C checks judged it; nothing moves."""
+    E, A = rdma.RdmaInvalidError, rdma.RdmaAccessError
+    win = rdma.register_window(torch.zeros(64), group=env.gloo)
+    theirs = win[env.next]
+    staging = rdma.register(torch.ones(64))
+    ints = rdma.register(torch.ones(64, dtype=torch.int32))
+    other_job = dataclasses.replace(theirs, owner=dataclasses.replace(theirs.owner,
+                                                                      job=b"another job"))
+    short = dataclasses.replace(theirs, desc=theirs.desc[:10])
+    ops = [   # (check, class, op, local Region, remote, offset)
+        ("remote", E, rdma.write, staging, theirs.desc, 0),
+        ("count", E, rdma.write, staging, theirs, 1.5),
+        ("negative", A, rdma.read, staging, theirs, -1),
+        ("job", A, rdma.write, staging, other_job, 0),
+        ("desc", E, rdma.write, staging, short, 0),
+        ("dtype", E, rdma.read, ints, theirs, 0),
+        ("bounds", A, rdma.write, staging, theirs, 1),
+    ]
+    imm = [("imm", E, staging, theirs, -1), ("imm_self", E, staging, win[env.rank], 1)]
+
+    def agree(check, cls, fast_args, slow_args, fn):
+        fast, slow = raises(cls, "", fn, *fast_args), raises(cls, "", fn, *slow_args)
+        assert str(fast) == str(slow), (check, str(fast), str(slow))
+        assert fast.check == slow.check == check, (check, fast.check, slow.check)
+
+    for check, cls, fn, region, remote, offset in ops:
+        agree(check, cls, (region.tensor, remote, offset), (region, remote, offset), fn)
+    for check, cls, region, remote, value in imm:
+        agree(check, cls, (region.tensor, remote, value), (region, remote, value),
+              rdma.write_with_imm)
+    items = [(check, cls, (region.tensor, remote, offset))
+             for check, cls, _, region, remote, offset in ops]
+    items += [("tensor", E, ([1.0], theirs, 0)),
+              ("device", E, (torch.ones(4, device="meta"), theirs, 0)),
+              ("contiguous", E, (torch.ones(8, 8).t(), theirs, 0))]
+    mine = staging.tensor
+    for check, cls, item in items:   # item 1, after one the fast path takes or not
+        agree(check, cls, ([(mine[:1], theirs, 0), item],),
+              ([(mine, theirs, 0, 0, 1), item],), rdma.batch_write)
+    exc = raises(A, "write item 0: local_offset is negative (-1)", rdma.batch_write,
+                 [(mine, theirs, -1, 0, 1)])
+    assert exc.check == "negative"
+    env.sync()
+    same_bytes(win.tensor, torch.zeros(64), "window after refused operations")
+    env.sync()
+    staging.deregister()
+    ints.deregister()
     win.free()
 
 
