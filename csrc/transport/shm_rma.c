@@ -14,7 +14,7 @@
  * still waking up.  Below the team minimum the caller copies alone, as
  * waking a helper costs more than it saves: a mapped block is copied
  * with memcpy, where a helper pays only from 2 MiB; CMA of a registered
- * region, which is on huge pages (core/hugepages.c), ran one core at
+ * region, which is on huge pages (core/md_host.c), ran one core at
  * 27 GB/s, and 1-2 MiB ops took 47-49 / 87-91 us alone against 57-76 /
  * 99-103 us with the team (rdma_bench, measured alternately). */
 #define RMA_PIECE (512u << 10)

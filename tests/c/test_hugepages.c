@@ -1,4 +1,4 @@
-/* Huge pages under registered regions (core/hugepages.c).
+/* Huge pages under registered regions (the host memory domain, core/md_host.c).
  *
  * collapse: registering ordinary memory for remote access backs its whole
  * 2 MiB pages with huge pages (seen in /proc/self/smaps) and changes no
