@@ -1,0 +1,157 @@
+"""DTensor on a 1-D CPU DeviceMesh whose group is "dlslime": placements,
+redistribution (all_gather, all_to_all, all_reduce, reduce_scatter under
+the hood) and a few ops, each equal bit for bit to the same run on a
+Gloo mesh of the same ranks and to the plain local result.
+
+The data are small integers held as floats, so every sum and product
+below is exact and the local result can be compared exactly too.  The
+tensors have an odd number of rows: Shard(0) splits them unevenly.
+"""
+
+import pytest
+import torch
+
+from frameworks import cases, check, init, meshes, run_scenarios
+from harness import run_job
+
+pytestmark = pytest.mark.timeout(150)
+
+SIZE = 2
+
+
+def ints(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-4, 5, shape, generator=g).float()
+
+
+X = ints((5, 6), 1)          # the same on every rank
+A, B = ints((5, 4), 2), ints((4, 6), 3)
+
+
+def part(rank):
+    """Each rank's own addend of a Partial tensor."""
+    return ints((5, 6), 100 + rank)
+
+
+def chunk(t, dim, rank):
+    return torch.chunk(t, SIZE, dim)[rank]
+
+
+def _views(d):
+    return [d.to_local().clone(), d.full_tensor()]
+
+
+def _redistribute(src, dst):
+    def scenario(mesh):
+        from torch.distributed.tensor import distribute_tensor
+        d = distribute_tensor(X, mesh, [src])
+        return _views(d.redistribute(mesh, [dst]))
+    return scenario
+
+
+def _partial_to(reduce_op, dst):
+    def scenario(mesh):
+        from torch.distributed.tensor import DTensor, Partial
+        d = DTensor.from_local(part(mesh.get_rank()), mesh, [Partial(reduce_op)],
+                               run_check=False)
+        return _views(d.redistribute(mesh, [dst]))
+    return scenario
+
+
+def _matmul(a_place, b_place):
+    def scenario(mesh):
+        from torch.distributed.tensor import distribute_tensor
+        c = distribute_tensor(A, mesh, [a_place]) @ distribute_tensor(B, mesh, [b_place])
+        return c.full_tensor()
+    return scenario
+
+
+def _sums(mesh):
+    from torch.distributed.tensor import Shard, distribute_tensor
+    d = distribute_tensor(X, mesh, [Shard(0)])
+    return [d.sum().full_tensor(), d.sum(dim=0).full_tensor(),
+            d.sum(dim=1).full_tensor()]
+
+
+def _backward(mesh):
+    """Autograd through a row-sharded matmul: B's gradient is a Partial
+    summed over the ranks."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    a = distribute_tensor(A, mesh, [Shard(0)]).requires_grad_()
+    b = distribute_tensor(B, mesh, [Replicate()]).requires_grad_()
+    ((a @ b) * 2).sum().backward()
+    return [a.grad.full_tensor(), b.grad.full_tensor()]
+
+
+def scenarios():
+    from torch.distributed.tensor import Replicate, Shard
+    return {
+        "shard0_to_replicate": _redistribute(Shard(0), Replicate()),
+        "shard1_to_replicate": _redistribute(Shard(1), Replicate()),
+        "shard0_to_shard1": _redistribute(Shard(0), Shard(1)),
+        "shard1_to_shard0": _redistribute(Shard(1), Shard(0)),
+        "replicate_to_shard1": _redistribute(Replicate(), Shard(1)),
+        "partial_sum_to_replicate": _partial_to("sum", Replicate()),
+        "partial_sum_to_shard0": _partial_to("sum", Shard(0)),
+        "partial_avg_to_replicate": _partial_to("avg", Replicate()),
+        "matmul_row_sharded": _matmul(Shard(0), Replicate()),
+        "matmul_column_sharded": _matmul(Replicate(), Shard(1)),
+        "matmul_inner_sharded": _matmul(Shard(1), Shard(0)),
+        "sums": _sums,
+        "backward": _backward,
+    }
+
+
+def _job(rank, size, store):
+    import torch.distributed as dist
+    init(rank, size, store)
+    by_backend = meshes((size,), ("x",))
+    out = run_scenarios(scenarios(), by_backend.__getitem__)
+    dist.destroy_process_group()
+    return out
+
+
+_results = []
+
+
+def results():
+    if not _results:
+        _results.append(run_job(SIZE, _job, timeout=120))
+    return _results[0]
+
+
+def _total():
+    return sum(part(r) for r in range(SIZE))
+
+
+REFERENCES = {
+    "shard0_to_replicate": lambda r: [X, X],
+    "shard1_to_replicate": lambda r: [X, X],
+    "shard0_to_shard1": lambda r: [chunk(X, 1, r), X],
+    "shard1_to_shard0": lambda r: [chunk(X, 0, r), X],
+    "replicate_to_shard1": lambda r: [chunk(X, 1, r), X],
+    "partial_sum_to_replicate": lambda r: [_total(), _total()],
+    "partial_sum_to_shard0": lambda r: [chunk(_total(), 0, r), _total()],
+    "partial_avg_to_replicate": lambda r: [_total() / SIZE, _total() / SIZE],
+    "matmul_row_sharded": lambda r: A @ B,
+    "matmul_column_sharded": lambda r: A @ B,
+    "matmul_inner_sharded": lambda r: A @ B,
+    "sums": lambda r: [X.sum(), X.sum(dim=0), X.sum(dim=1)],
+    "backward": lambda r: [2 * torch.ones(5, 6) @ B.T, 2 * A.T @ torch.ones(5, 6)],
+}
+
+
+# DTensor gathers through _c10d_functional.all_gather_into_tensor and
+# scatters through reduce_scatter_tensor, which call the backend's
+# allgather_into_tensor_coalesced and reduce_scatter_tensor_coalesced.
+GATHER = "allgather_into_tensor_coalesced"
+NEEDS = dict.fromkeys(
+    ("shard0_to_replicate", "shard1_to_replicate", "shard0_to_shard1",
+     "shard1_to_shard0", "replicate_to_shard1", "matmul_row_sharded",
+     "matmul_column_sharded", "sums"), GATHER)
+NEEDS["partial_sum_to_shard0"] = f"reduce_scatter_tensor_coalesced and {GATHER}"
+
+
+@pytest.mark.parametrize("name", cases(REFERENCES, NEEDS))
+def test_dtensor_matches_gloo_and_local(name):
+    check(results(), name, REFERENCES[name])
