@@ -72,11 +72,24 @@ def run_scenarios(scenarios, context_of):
     return out
 
 
+def _plain(value):
+    """value with every functional collective's result waited for (its
+    AsyncCollectiveTensor wrapper does not survive torch.load)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    if isinstance(value, AsyncCollectiveTensor):
+        return value.wait()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _pack(value):
     """Bytes, so the result crosses the pipe by value: torch's pickler
     would share a tensor's storage with a process about to exit."""
     buf = io.BytesIO()
-    torch.save(value, buf)
+    torch.save(_plain(value), buf)
     return buf.getvalue()
 
 

@@ -85,11 +85,8 @@ def _broadcast(mesh):
 def _functional_all_reduce(mesh):
     """The functional collectives name a mesh dim instead of a group."""
     from torch.distributed import _functional_collectives as funcol
-    out = {}
-    for i, dim in enumerate(NAMES):
-        t = funcol.all_reduce(mine(dist.get_rank()), "sum", (mesh, i))
-        out[dim] = t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
-    return out
+    return {dim: funcol.all_reduce(mine(dist.get_rank()), "sum", (mesh, i))
+            for i, dim in enumerate(NAMES)}
 
 
 def _partial_on_submesh(mesh):
