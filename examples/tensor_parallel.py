@@ -62,6 +62,9 @@ def body(rank, size, gloo):
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     steps = parser.parse_args().steps
+    # torch's row-wise Linear needs its input features split evenly.
+    check(HIDDEN % size == 0, f"{HIDDEN} hidden features split over {size} ranks "
+                              f"(run 1, 2, 4, ... ranks)")
     mesh = init_device_mesh("cpu", (size,), mesh_dim_names=("tp",))
     model = sharded(mesh)
     losses = train(model, steps)
