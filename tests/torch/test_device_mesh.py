@@ -114,6 +114,16 @@ def _shard_2d(placements):
     return scenario
 
 
+def _distribute(placements):
+    """Each rank's source differs: the blocks must all be rank 0's (a
+    scatter along dp from its row, then along tp from its column)."""
+    def scenario(mesh):
+        from torch.distributed.tensor import distribute_tensor
+        return distribute_tensor(ints((6, 4), 10 + dist.get_rank()), mesh,
+                                 placements).to_local()
+    return scenario
+
+
 def _shard_swap(mesh):
     from torch.distributed.tensor import Shard, distribute_tensor
     d = distribute_tensor(X, mesh, [Shard(0), Shard(1)])
@@ -139,6 +149,8 @@ def scenarios():
         "functional_all_reduce": _functional_all_reduce,
         "partial_on_submesh": _partial_on_submesh,
         "partial_shard": _partial_shard,
+        "distribute_shard_shard": _distribute([Shard(0), Shard(1)]),
+        "distribute_replicate_shard": _distribute([Replicate(), Shard(1)]),
         "shard_shard": _shard_2d([Shard(0), Shard(1)]),
         "replicate_shard": _shard_2d([Replicate(), Shard(0)]),
         "shard_swap": _shard_swap,
@@ -162,10 +174,9 @@ def _index(rank, dim):
     return peers(rank, dim).index(rank)
 
 
-def _block(rank, dp_dim, tp_dim):
-    """rank's block of X split along dp_dim by its dp coordinate, then
+def _block(rank, dp_dim, tp_dim, t=X):
+    """rank's block of t split along dp_dim by its dp coordinate, then
     along tp_dim by its tp coordinate (None: not split)."""
-    t = X
     for dim, index in ((dp_dim, rank // 2), (tp_dim, rank % 2)):
         if dim is not None:
             t = torch.chunk(t, 2, dim)[index]
@@ -183,6 +194,8 @@ REFERENCES = {
     "functional_all_reduce": lambda r: {d: _sum(r, d) for d in NAMES},
     "partial_on_submesh": lambda r: _sum(r, "dp"),
     "partial_shard": lambda r: _sum(r, "dp"),
+    "distribute_shard_shard": lambda r: _block(r, 0, 1, ints((6, 4), 10)),
+    "distribute_replicate_shard": lambda r: _block(r, None, 1, ints((6, 4), 10)),
     "shard_shard": lambda r: [_block(r, 0, 1), X],
     "replicate_shard": lambda r: [_block(r, None, 0), X],
     "shard_swap": lambda r: _block(r, 1, 0),

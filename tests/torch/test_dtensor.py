@@ -37,6 +37,26 @@ def chunk(t, dim, rank):
     return torch.chunk(t, SIZE, dim)[rank]
 
 
+def source(rank):
+    """Different on every rank: distribute_tensor must take rank 0's."""
+    return ints((5, 6), 10 + rank)
+
+
+def _distribute(placement):
+    def scenario(mesh):
+        from torch.distributed.tensor import distribute_tensor
+        return distribute_tensor(source(mesh.get_rank()), mesh, [placement]).to_local()
+    return scenario
+
+
+def _from_local_checked(mesh):
+    """run_check=True compares the ranks' metadata and broadcasts a
+    Replicate tensor from rank 0."""
+    from torch.distributed.tensor import DTensor, Replicate
+    return DTensor.from_local(source(mesh.get_rank()), mesh, [Replicate()],
+                              run_check=True).to_local()
+
+
 def _views(d):
     return [d.to_local().clone(), d.full_tensor()]
 
@@ -86,6 +106,9 @@ def _backward(mesh):
 def scenarios():
     from torch.distributed.tensor import Replicate, Shard
     return {
+        "distribute_shard0": _distribute(Shard(0)),
+        "distribute_replicate": _distribute(Replicate()),
+        "from_local_checked": _from_local_checked,
         "shard0_to_replicate": _redistribute(Shard(0), Replicate()),
         "shard1_to_replicate": _redistribute(Shard(1), Replicate()),
         "shard0_to_shard1": _redistribute(Shard(0), Shard(1)),
@@ -125,6 +148,9 @@ def _total():
 
 
 REFERENCES = {
+    "distribute_shard0": lambda r: chunk(source(0), 0, r),
+    "distribute_replicate": lambda r: source(0),
+    "from_local_checked": lambda r: source(0),
     "shard0_to_replicate": lambda r: [X, X],
     "shard1_to_replicate": lambda r: [X, X],
     "shard0_to_shard1": lambda r: [chunk(X, 1, r), X],
