@@ -1,5 +1,5 @@
 """Shared by the tests of torch's frameworks on "dlslime" (DTensor,
-DeviceMesh, pipelining, tensor parallel): each rank runs the same
+DeviceMesh, pipelining, tensor parallel, checkpoints): each rank runs the same
 scenarios once over dlslime groups and once over Gloo groups of the same
 ranks, in the same job, and the parent compares the two runs and a plain
 local reference.
@@ -117,6 +117,8 @@ def mismatch(got, want, exact=True):
     for side in (got, want):
         if isinstance(side, str):
             return side
+    if isinstance(got, dict) and sorted(got) != sorted(want):
+        return f"keys differ: {sorted(got)} vs {sorted(want)}"
     a, b = _flat(got), _flat(want)
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
         return f"shapes differ: {_describe(got)} vs {_describe(want)}"
@@ -128,17 +130,17 @@ def mismatch(got, want, exact=True):
     return None
 
 
-def check(results, name, reference=None, exact_reference=True):
+def check(results, name, reference, exact_reference=True):
     """Asserts scenario `name` gave on dlslime exactly what it gave on
-    Gloo on every rank, and, given reference(rank), what that gives."""
+    Gloo on every rank, and what reference(rank) gives (computed
+    locally, without any group)."""
     failures = []
     for rank, per_backend in enumerate(results):
         slime = _unpack(per_backend["dlslime"][name])
         problem = mismatch(slime, _unpack(per_backend["gloo"][name]))
         if problem:
             failures.append(f"rank {rank}, dlslime vs gloo: {problem}")
-        if reference is not None:
-            problem = mismatch(slime, reference(rank), exact_reference)
-            if problem:
-                failures.append(f"rank {rank}, dlslime vs local: {problem}")
+        problem = mismatch(slime, reference(rank), exact_reference)
+        if problem:
+            failures.append(f"rank {rank}, dlslime vs local: {problem}")
     assert not failures, f"{name}:\n" + "\n".join(failures)
