@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from frameworks import check, init, meshes, run_scenarios
+from frameworks import cases, check, init, meshes, run_scenarios
 from harness import run_job
 
 pytestmark = pytest.mark.timeout(150)
@@ -57,15 +57,51 @@ def _tensor_parallel(mesh):
     return _train(model) | {"grads": grads}
 
 
+def normed_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.LayerNorm(8), *mlp())
+
+
+def tokens():
+    """(batch, sequence, features): sequence parallelism splits dim 1."""
+    return torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(9))
+
+
+def _sequence_parallel(mesh):
+    """LayerNorm on each rank's part of the sequence, then the MLP: an
+    all_gather of the sequence before it, a reduce_scatter after."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    model = parallelize_module(normed_mlp(), mesh, {
+        "0": SequenceParallel(),
+        "1": ColwiseParallel(input_layouts=Shard(1)),
+        "3": RowwiseParallel(output_layouts=Shard(1))})
+    out = model(tokens().chunk(SIZE, 1)[mesh.get_rank()])
+    out.pow(2).sum().backward()
+    return {"out": out.detach(), "grads": [p.grad.full_tensor() for p in model.parameters()]}
+
+
 def _job(rank, size, store):
     init(rank, size, store)
     by_backend = meshes((size,), ("tp",))
-    out = run_scenarios({"mlp": _tensor_parallel}, by_backend.__getitem__)
+    out = run_scenarios({"mlp": _tensor_parallel, "sequence_parallel": _sequence_parallel},
+                        by_backend.__getitem__)
     dist.destroy_process_group()
     return out
 
 
-def reference(rank):
+def sequence_reference(rank):
+    """The whole sequence locally: this rank's part of the output, and
+    the full gradients (the ranks' losses add up to this one)."""
+    model = normed_mlp()
+    out = model(tokens())
+    out.pow(2).sum().backward()
+    return {"out": out.detach().chunk(SIZE, 1)[rank],
+            "grads": [p.grad for p in model.parameters()]}
+
+
+def mlp_reference(rank):
     model = mlp()
     model(data()).pow(2).sum().backward()
     w1, b1, w2, b2 = (p.grad for p in model.parameters())
@@ -76,5 +112,16 @@ def reference(rank):
     return _train(model) | {"grads": grads}
 
 
-def test_tensor_parallel_mlp_matches_gloo_and_local():
-    check(run_job(SIZE, _job, timeout=120), "mlp", reference, exact_reference=False)
+_results = []
+REFERENCES = {"mlp": mlp_reference, "sequence_parallel": sequence_reference}
+# SequenceParallel gathers and scatters the sequence through the
+# functional all_gather_into_tensor and reduce_scatter_tensor.
+NEEDS = {"sequence_parallel": "allgather_into_tensor_coalesced and "
+                              "reduce_scatter_tensor_coalesced"}
+
+
+@pytest.mark.parametrize("name", cases(REFERENCES, NEEDS))
+def test_tensor_parallel_matches_gloo_and_local(name):
+    if not _results:
+        _results.append(run_job(SIZE, _job, timeout=120))
+    check(_results[0], name, REFERENCES[name], exact_reference=False)
