@@ -8,36 +8,23 @@ shards of the saved model, as the same save and load over Gloo does.
 """
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from frameworks import check, init, meshes, run_scenarios
 from harness import run_job
+from test_tensor_parallel import mlp, shards, sharded_mlp
 
 pytestmark = pytest.mark.timeout(150)
 
 SIZE = 2
 
 
-def mlp(seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 8))
-
-
-def _sharded(mesh, seed):
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
-    return parallelize_module(mlp(seed), mesh, {"0": ColwiseParallel(),
-                                                "2": RowwiseParallel()})
-
-
 def _save_and_load(context):
     import torch.distributed.checkpoint as dcp
     mesh, path = context
     group = mesh.get_group()
-    dcp.save(_sharded(mesh, 0).state_dict(), checkpoint_id=path, process_group=group)
-    fresh = _sharded(mesh, 1)
+    dcp.save(sharded_mlp(mesh, 0).state_dict(), checkpoint_id=path, process_group=group)
+    fresh = sharded_mlp(mesh, 1)
     state = fresh.state_dict()
     dcp.load(state, checkpoint_id=path, process_group=group)
     fresh.load_state_dict(state)
@@ -54,11 +41,9 @@ def _job(rank, size, store, root):
 
 
 def reference(rank):
-    """The seed-0 model's shards: rows of the column-wise Linear,
-    columns of the row-wise one."""
-    w1, b1, w2, b2 = mlp(0).state_dict().values()
-    return {"0.weight": w1.chunk(SIZE, 0)[rank], "0.bias": b1.chunk(SIZE, 0)[rank],
-            "2.weight": w2.chunk(SIZE, 1)[rank], "2.bias": b2}
+    """This rank's shards of the saved (seed 0) model."""
+    state = mlp(0).state_dict()
+    return dict(zip(state, shards(list(state.values()), rank, SIZE)))
 
 
 def test_checkpoint_round_trip_matches_gloo(tmp_path):

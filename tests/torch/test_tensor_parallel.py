@@ -21,10 +21,26 @@ SIZE = 2
 STEPS = 3
 
 
-def mlp():
-    torch.manual_seed(0)
+def mlp(seed=0):
+    torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
                                torch.nn.Linear(16, 8))
+
+
+def sharded_mlp(mesh, seed=0):
+    """mlp(seed) with its first Linear column-wise, its second row-wise."""
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    return parallelize_module(mlp(seed), mesh, {"0": ColwiseParallel(),
+                                            "2": RowwiseParallel()})
+
+
+def shards(grads, index, count):
+    """mlp()'s tensors as sharded_mlp cuts them: rows of the column-wise
+    Linear, columns of the row-wise one (its bias is replicated)."""
+    w1, b1, w2, b2 = grads
+    return [w1.chunk(count, 0)[index], b1.chunk(count, 0)[index],
+            w2.chunk(count, 1)[index], b2]
 
 
 def data():
@@ -47,10 +63,7 @@ def _train(model):
 
 
 def _tensor_parallel(mesh):
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
-    model = parallelize_module(mlp(), mesh, {"0": ColwiseParallel(),
-                                             "2": RowwiseParallel()})
+    model = sharded_mlp(mesh)
     model(data()).pow(2).sum().backward()
     grads = [p.grad.to_local().clone() for p in model.parameters()]
     model.zero_grad()
@@ -104,10 +117,7 @@ def sequence_reference(rank):
 def mlp_reference(rank):
     model = mlp()
     model(data()).pow(2).sum().backward()
-    w1, b1, w2, b2 = (p.grad for p in model.parameters())
-    # Colwise shards the first Linear's rows, Rowwise the second's columns.
-    grads = [w1.chunk(SIZE, 0)[rank], b1.chunk(SIZE, 0)[rank],
-             w2.chunk(SIZE, 1)[rank], b2]
+    grads = shards([p.grad for p in model.parameters()], rank, SIZE)
     model.zero_grad()
     return _train(model) | {"grads": grads}
 
