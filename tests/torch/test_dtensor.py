@@ -1,11 +1,12 @@
 """DTensor on a 1-D CPU DeviceMesh whose group is "dlslime": placements,
-redistribution (all_gather, all_to_all, all_reduce, reduce_scatter under
-the hood) and a few ops, each equal bit for bit to the same run on a
-Gloo mesh of the same ranks and to the plain local result.
+redistribution and a few ops (scatter, broadcast, all_gather,
+all_reduce and reduce_scatter under the hood; on CPU torch turns Shard
+into Shard by all_gather and chunk), each equal bit for bit to the same
+run on a Gloo mesh of the same ranks and to the plain local result.
 
 The data are small integers held as floats, so every sum and product
 below is exact and the local result can be compared exactly too.  The
-tensors have an odd number of rows: Shard(0) splits them unevenly.
+tensors have 5 rows: Shard(0) splits them unevenly over the 3 ranks.
 """
 
 import pytest
@@ -16,7 +17,7 @@ from harness import run_job
 
 pytestmark = pytest.mark.timeout(150)
 
-SIZE = 2
+SIZE = 3
 
 
 def ints(shape, seed):
