@@ -2,14 +2,14 @@
 stages over two ranks, trained one step with four microbatches by
 ScheduleGPipe and Schedule1F1B (one stage a rank) and by
 ScheduleInterleaved1F1B and ScheduleLoopedBFS (two stages a rank, the
-model cut in four, rank r holding stages r and r + 2).  Activations go forward and their gradients backward
-by send/recv (batch_isend_irecv) on the stages' group; the losses and
-every parameter's gradient equal bit for bit the same schedule's run on
-Gloo, and, to rounding, a plain local forward and backward of the whole
-model.
+model cut in four, rank r holding stages r and r + 2).  Activations go
+forward and their gradients backward by send/recv (batch_isend_irecv)
+on the stages' group; the losses and every parameter's gradient equal
+bit for bit the same schedule's run on Gloo, and, to rounding, a plain
+local forward and backward of the whole model.
 
-Two layouts: the two ranks of the world as the two stages; and four
-ranks as a 2x2 DeviceMesh ("pp", "dp"), two pipelines side by side on
+Two layouts: the two ranks of the world as the pipeline; and four ranks
+as a 2x2 DeviceMesh ("pp", "dp"), two pipelines side by side on
 the mesh's pp subgroups ([0, 2] and [1, 3]: a stage's group rank is not
 its global rank), each on its own data, their gradients then averaged
 over the dp subgroups as data parallelism would.
