@@ -17,8 +17,10 @@ its reason); 2 when a run itself broke.  Each run's full output is in
 
 import argparse
 import collections
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -140,6 +142,10 @@ def main():
     parser.add_argument("--log-dir", help="where each run's output goes (default: a new temp dir)")
     parser.add_argument("names", nargs="*", help="run these tests instead")
     args = parser.parse_args()
+    if importlib.util.find_spec("expecttest") is None:
+        print("torch distributed suite: torch's test helpers need the expecttest "
+              "package (pip install expecttest; scripts/setup.sh installs it)", file=sys.stderr)
+        return 2
     log_dir = os.path.abspath(args.log_dir or tempfile.mkdtemp(prefix="torch-suite-"))
     os.makedirs(log_dir, exist_ok=True)
     print(f"torch distributed suite: logs in {log_dir}", flush=True)
@@ -164,7 +170,11 @@ def main():
         print(f"torch distributed suite: {exc}", file=sys.stderr)
         return 2
     summarize(results, lifted, findings)
-    return 1 if findings["regressions"] else 0
+    if findings["regressions"]:
+        return 1
+    if args.log_dir is None:   # nothing to look at: keep no temp files
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
