@@ -21,6 +21,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,6 @@ sys.path.insert(0, HERE)
 from gates import GLOO_BY_NAME  # noqa: E402  (imports no torch)
 from selection import EXPECTED_FAILURES, SELECTION  # noqa: E402
 
-BACKENDS = ("gloo", "dlslime")
 RUN_TIMEOUT_S = 600       # one backend at one world size, every test
 TEST_TIMEOUT_S = 60       # one test: torch's harness kills its ranks then
 
@@ -56,10 +56,14 @@ def run_one(backend, size, names, log_dir, gloo_result=None):
         cmd += ["--gloo-skips", gloo_result]
     start = time.monotonic()
     with open(log, "w") as f:
+        # A session of its own, so a run past its time goes with its ranks.
+        proc = subprocess.Popen(cmd + list(names), stdout=f, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
         try:
-            code = subprocess.run(cmd + list(names), stdout=f, stderr=subprocess.STDOUT,
-                                  env=env, timeout=RUN_TIMEOUT_S).returncode
+            code = proc.wait(RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             raise RunBroke(f"{tag}: no result within {RUN_TIMEOUT_S} s (log: {log})")
     if code != 0 or not os.path.exists(out):
         raise RunBroke(f"{tag}: the run exited with {code} (log: {log})")
