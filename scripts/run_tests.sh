@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: C tests (plain, then ASan + UBSan), the Python tests
-# (binding and torch backend), the verbs tests (on an RDMA device, else in
+# (binding and torch backend), torch's own distributed tests against
+# dlslime and Gloo (tests/torch_suite), the verbs tests (on an RDMA device, else in
 # a soft-RoCE VM: tests/verbs) and the torchrun examples.
 # Every stage runs even if an earlier one failed; the exit status is
 # non-zero if any stage failed.  Extra arguments go to pytest.
@@ -59,6 +60,20 @@ else
     failed+=("Python extension build")
 fi
 
+section "torch's distributed test suite on dlslime, against Gloo (2 and 3 ranks)"
+# torch's own testing/_internal/distributed/distributed_test.py, the same
+# tests by name on both backends (tests/torch_suite/selection.py); fails
+# when a test passes on Gloo and fails on dlslime outside the listed
+# expected failures.  About 4 minutes.  (The multi-node and elastic jobs
+# are pytest files in tests/torch, run by the stage above.)
+if ((python_built)); then
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 1800 \
+        "$PYTHON" tests/torch_suite/run_suite.py --world-sizes 2 3 \
+        || failed+=("torch distributed suite (exit $?)")
+else
+    failed+=("torch distributed suite (no build)")
+fi
+
 section "verbs transport (RDMA device here, else soft-RoCE in a VM)"
 # After the Python stage: it needs the extension built in place.  Skipped,
 # with the reason printed, where neither a device nor the VM can be had.
@@ -91,4 +106,4 @@ if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "${failed[@]}"
     exit 1
 fi
-echo "all stages passed: C tests, C tests under ASan/UBSan, Python tests, torchrun examples"
+echo "all stages passed: C tests, C tests under ASan/UBSan, Python tests, torch distributed suite, torchrun examples"

@@ -56,8 +56,9 @@ fi
 
 section "python packages"
 # torch is pinned: an unpinned torch pulls several GB of CUDA wheels.
-# matplotlib draws the benchmark plots (bench/torch_dist_bench.py).
-"$PYTHON" -m pip install -q "torch==2.13.0" pytest pytest-timeout numpy matplotlib "setuptools>=64" wheel </dev/null
+# matplotlib draws the benchmark plots (bench/torch_dist_bench.py);
+# torch's own distributed tests (tests/torch_suite) import expecttest.
+"$PYTHON" -m pip install -q "torch==2.13.0" pytest pytest-timeout numpy matplotlib expecttest "setuptools>=64" wheel </dev/null
 
 section "dlslime-torch (editable)"
 "$PYTHON" -m pip install -q --no-build-isolation -e . </dev/null
