@@ -142,6 +142,13 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey,
 void mr_table_release(mr_shared_t *t, uint64_t handle);
 slime_status_t mr_table_create(int *fd, mr_shared_t **out);
 
+/* memfd.c: a memfd of len bytes sealed against resizing (and further
+ * seals), for a peer to map. */
+slime_status_t memfd_sealed(const char *name, size_t len, int *fd);
+/* Whether a peer's fd is a memfd sealed against resizing, so a mapping
+ * of it cannot fault later; its size in *len, else why not in why. */
+bool memfd_check(int fd, size_t *len, char *why, size_t whylen);
+
 /* shmem.c: every context's table hears of freed blocks (mem_frees). */
 slime_status_t shmem_table_add(mr_shared_t *t);
 void shmem_table_remove(mr_shared_t *t);

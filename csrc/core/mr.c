@@ -19,12 +19,9 @@
 #define DEREG_WAIT_NS (5ull * 1000000000ull)
 
 slime_status_t mr_table_create(int *fd_out, mr_shared_t **out) {
-    int fd = memfd_create("dlslime-mrs", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, sizeof(mr_shared_t)) < 0) {
-        int e = errno;
-        if (fd >= 0) close(fd);
-        return slime_errorf(SLIME_ERR_SYSTEM, "MR table: %s", strerror(e));
-    }
+    int fd;
+    slime_status_t st = memfd_sealed("dlslime-mrs", sizeof(mr_shared_t), &fd);
+    if (st != SLIME_OK) return st;
     void *p = mmap(NULL, sizeof(mr_shared_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         int e = errno;
@@ -48,6 +45,10 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey, 
     }
     mr_entry_t *e = &t->slots[slot];
     atomic_fetch_add(&e->inflight, 1);
+    /* a peer's table may change under us: the range is checked against,
+     * and computed from, one reading of the entry */
+    const volatile mr_entry_t *v = e;
+    uint64_t elen = v->len, eaddr = v->addr;
     slime_status_t st = SLIME_ERR_ACCESS;
     if (atomic_load(&e->state) != MR_VALID || atomic_load(&e->gen) != gen)
         snprintf(why, whylen, "region is not registered (deregistered or never was)");
@@ -55,11 +56,11 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey, 
         snprintf(why, whylen, "wrong key for region");
     else if ((e->access & access) != access)
         snprintf(why, whylen, "region does not allow remote %s", access & SLIME_ACCESS_REMOTE_WRITE ? "write" : "read");
-    else if (off > e->len || len > e->len - off)
+    else if (off > elen || len > elen - off)
         snprintf(why, whylen, "range [%" PRIu64 ", +%" PRIu64 ") is outside the region of %" PRIu64 " bytes",
-                 off, len, e->len);
+                 off, len, elen);
     else {
-        *addr = e->addr + off;
+        *addr = eaddr + off;
         st = SLIME_OK;
     }
     if (st != SLIME_OK) atomic_fetch_sub(&e->inflight, 1);

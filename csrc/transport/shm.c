@@ -70,16 +70,18 @@ void *shm_map(int fd, size_t len) {
     return p == MAP_FAILED ? NULL : p;
 }
 
-shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, mr_shared_t *peer, bool dialer) {
+shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, uint64_t ring, mr_shared_t *peer, bool dialer) {
     shm_conn_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     seg_hdr_t *h = (seg_hdr_t *)seg;
     c->sock = sock;
     c->seg = seg;
     c->seg_len = seg_len;
-    c->size = h->ring_size;
-    c->chunk = env_size("DLSLIME_SHM_CHUNK", 256 * 1024);
-    uint8_t *d0 = seg + SEG_HDR, *d1 = d0 + h->ring_size;
+    c->size = ring;
+    /* no larger than the ring: a copy wraps around it at most once, even
+     * where the peer has scribbled over the ring's head and tail */
+    c->chunk = min_sz(env_size("DLSLIME_SHM_CHUNK", 256 * 1024), ring);
+    uint8_t *d0 = seg + SEG_HDR, *d1 = d0 + ring;
     c->tx = &h->ring[dialer ? 0 : 1];
     c->rx = &h->ring[dialer ? 1 : 0];
     c->txd = dialer ? d0 : d1;

@@ -1,0 +1,122 @@
+"""The misbehaving peer: the wire formats of csrc/core/wire.h and the shm
+segment of csrc/transport/shm_internal.h, spoken from Python with raw
+sockets and memfds, so a test can send what no genuine peer would.
+
+The rogue holds the job's token (it computes the same proof as the core,
+core/token.c): the attacks here are those of a peer inside the job.
+"""
+
+import fcntl
+import os
+import socket
+import struct
+
+from c_peer import CONNECT_TIMEOUT_MS
+
+TOKEN = b"adversarial-suite-token"
+
+HELLO_MAGIC = 0x4C4C4548
+WELCOME_MAGIC = 0x434C4557
+SEG_MAGIC = 0x534C494D45534547
+MR_TABLE_MAGIC = 0x4D525441424C4531
+TRANSPORT_TCP, TRANSPORT_SHM = 1, 2
+WELCOME_OK, WELCOME_REFUSED = 0, 1
+
+SEG_HDR = 4096
+RING0_TAIL, RING0_HEAD = 64, 128          # seg_hdr_t.ring[0]: dialer -> acceptor
+MR_TABLE_SIZE = 64 + 4096 * 64            # sizeof(mr_shared_t)
+F_READ_REQ = 7
+
+_HELLO = struct.Struct("<IHBBQQII")
+_WELCOME = struct.Struct("<IHHQII96s")
+_FRAME = struct.Struct("<BBHIIIQQQQQ")
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(x):
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def token_digest(domain, token):
+    """core/token.c: token_digest."""
+    h = 0xCBF29CE484222325
+    for b in domain.encode() + b"\xff" + token:
+        h = ((h ^ b) * 0x100000001B3) & _MASK
+    return _mix(h ^ len(token))
+
+
+def hello(transport, ctx_id, token=TOKEN):
+    proof = token_digest("dlslime-hello-1", token)
+    version = 1  # SLIME_WIRE_VERSION
+    return _HELLO.pack(HELLO_MAGIC, version, transport, 0, proof, ctx_id, os.getpid(), 0)
+
+
+def parse_welcome(data):
+    magic, _version, verdict, ctx_id, pid, _pad, reason = _WELCOME.unpack(data)
+    assert magic == WELCOME_MAGIC, f"not a welcome: {data!r}"
+    return verdict, reason.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def address_ctx_id(address):
+    """The context id in an address blob (wire_addr_t.ctx_id)."""
+    return struct.unpack_from("<Q", address, 8)[0]
+
+
+def rogue_id():
+    return int.from_bytes(os.urandom(8), "little") | 1
+
+
+def memfd(name, size, sealed):
+    """A memfd of size bytes, sealed against resizing when asked."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if sealed:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    return fd
+
+
+def segment(ring, claimed_ring=None, sealed=True):
+    """The rings' segment a dialer passes: sized for ring, its header
+    claiming claimed_ring (default: ring)."""
+    fd = memfd("rogue-ring", SEG_HDR + 2 * ring, sealed)
+    os.pwrite(fd, struct.pack("<QQ", SEG_MAGIC, ring if claimed_ring is None else claimed_ring), 0)
+    return fd
+
+
+def mr_table(sealed=True):
+    fd = memfd("rogue-mrs", MR_TABLE_SIZE, sealed)
+    os.pwrite(fd, struct.pack("<Q", MR_TABLE_MAGIC), 0)
+    return fd
+
+
+def shm_dial(target_id, ctx_id, seg_fd, table_fd, timeout=CONNECT_TIMEOUT_MS / 1000):
+    """Says hello to the target's shm listener with the two fds; returns
+    the socket and the welcome (verdict, reason).  A connection the target
+    drops without a word gives verdict None."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(timeout)
+    sock.connect(b"\0dlslime-%016x" % target_id)
+    socket.send_fds(sock, [hello(TRANSPORT_SHM, ctx_id)], [seg_fd, table_fd])
+    data, _fds, _flags, _addr = socket.recv_fds(sock, _WELCOME.size, 1)
+    if not data:
+        return sock, (None, "")
+    return sock, parse_welcome(data)
+
+
+def post_frame(seg_fd, sock, frame, at=0):
+    """Writes one frame into the dialer's ring at byte at and publishes
+    it, then rings the target's doorbell."""
+    os.pwrite(seg_fd, frame, SEG_HDR + at)
+    os.pwrite(seg_fd, struct.pack("<Q", at + len(frame)), RING0_TAIL)
+    sock.send(b"\1")
+
+
+def read_request(handle, length, req_id=1):
+    """An F_READ_REQ frame: the target must answer it (here with an error,
+    as no region has that handle)."""
+    return _FRAME.pack(F_READ_REQ, 0, 0, 0, 0, 0, handle, 0, req_id, length, 0)
