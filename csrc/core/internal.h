@@ -333,6 +333,7 @@ typedef struct tp_slot {
     void *state;                /* what its ctx_open made */
     size_t eager;               /* its eager limit */
     pollable_t listen;          /* its listener's events, if it has one */
+    uint64_t rest_until;        /* ...which rests until then (0: it listens) */
 } tp_slot_t;
 
 struct slime_ctx {
@@ -346,6 +347,8 @@ struct slime_ctx {
     int pt_epfd;                /* the progress thread sleeps here */
     pollable_t p_wake;
     slime_list_t pending_conns;
+    size_t n_pending;           /* ...their number */
+    int n_resting;              /* listeners resting (tp_slot_t.rest_until) */
     slime_list_t eps;
     slime_list_t accepted;      /* eps dialed by peers, not yet accepted */
     size_t n_fd_eps;            /* up eps whose transport is not TP_CAP_POLLED */
@@ -432,6 +435,10 @@ void transports_close(slime_ctx_t *ctx);
  * open one that reaches it best. */
 slime_status_t transports_choose(slime_ctx_t *ctx, const wire_addr_t *peer,
                                  const struct transport_ops **out);
+/* A listener is readable: accepts, or rests a while when out of fds. */
+void transports_accept(slime_ctx_t *ctx, tp_slot_t *s);
+/* Under ctx->lock: listens again on the listeners whose rest is over. */
+void transports_wake_listeners(slime_ctx_t *ctx);
 /* slime_ctx_counter: the sum of the open transports' answers. */
 uint64_t transports_counter(const slime_ctx_t *ctx, slime_counter_t which);
 /* The open transport of wire id id, or NULL. */
@@ -462,5 +469,7 @@ void pending_conn_add(slime_ctx_t *ctx, int fd, int transport);
 void pending_conn_progress(slime_ctx_t *ctx, pending_conn_t *pc);
 int pending_conn_expire(slime_ctx_t *ctx);
 void pending_conn_close(slime_ctx_t *ctx, pending_conn_t *pc);
+/* Drops up to n of the oldest unauthenticated connections; how many. */
+size_t pending_conn_evict(slime_ctx_t *ctx, size_t n);
 
 #endif

@@ -55,8 +55,8 @@ static int shm_reach(const slime_ctx_t *ctx, const void *state, const wire_addr_
 
 static int shm_listen_fd(const void *state) { return ((const shm_ctx_t *)state)->listen_fd; }
 
-static void shm_accept(slime_ctx_t *ctx, void *state) {
-    sock_accept_pending(ctx, shm_listen_fd(state), WIRE_TRANSPORT_SHM, NULL);
+static bool shm_accept(slime_ctx_t *ctx, void *state) {
+    return sock_accept_pending(ctx, shm_listen_fd(state), WIRE_TRANSPORT_SHM, NULL);
 }
 
 int shm_peer_pid(int sock) {

@@ -129,8 +129,8 @@ static int tcp_reach(const slime_ctx_t *ctx, const void *state, const wire_addr_
 
 static int tcp_listen_fd(const void *state) { return ((const tcp_ctx_t *)state)->listen_fd; }
 
-static void tcp_accept(slime_ctx_t *ctx, void *state) {
-    sock_accept_pending(ctx, tcp_listen_fd(state), WIRE_TRANSPORT_TCP, sock_tune_tcp);
+static bool tcp_accept(slime_ctx_t *ctx, void *state) {
+    return sock_accept_pending(ctx, tcp_listen_fd(state), WIRE_TRANSPORT_TCP, sock_tune_tcp);
 }
 
 static slime_status_t dial_one(slime_ctx_t *ctx, uint32_t host, uint16_t port,

@@ -120,3 +120,33 @@ def read_request(handle, length, req_id=1):
     """An F_READ_REQ frame: the target must answer it (here with an error,
     as no region has that handle)."""
     return _FRAME.pack(F_READ_REQ, 0, 0, 0, 0, 0, handle, 0, req_id, length, 0)
+
+
+def address_tcp_port(address):
+    """The tcp listener's port in an address blob (wire_addr_t.port)."""
+    return struct.unpack_from("<H", address, 56)[0]
+
+
+def silent_connections(address, transport, n):
+    """n connections to the target's listener that never say hello."""
+    socks = []
+    for _ in range(n):
+        if transport == "shm":
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(b"\0dlslime-%016x" % address_ctx_id(address))
+        else:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.connect(("127.0.0.1", address_tcp_port(address)))
+        socks.append(s)
+    return socks
+
+
+def proc_cpu_seconds(pid):
+    """User + system CPU time of process pid so far (/proc/pid/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))

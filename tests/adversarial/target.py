@@ -3,6 +3,7 @@ serves.  The target runs in its own process (c_peer.Peer), so a crash
 there fails the test with its exit status instead of killing pytest.
 """
 
+import os
 import resource
 
 import numpy as np
@@ -23,10 +24,23 @@ def rss_kib():
     return pages * resource.getpagesize() // 1024
 
 
-def target(link, transport):
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def limit_fds(headroom):
+    """From now on this process may open only headroom more fds."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_fds() + headroom, hard))
+
+
+def target(link, transport, fd_headroom=None):
     """A context with the suite's token; on "serve" it accepts one peer
-    and echoes one message; "rss" answers its resident set in KiB."""
+    and echoes one message; "rss" answers its resident set in KiB;
+    ("fds", n) lets it open n more fds (fd_headroom at the start)."""
     ctx = _C.Context(transport=transport, token=TOKEN)
+    if fd_headroom is not None:
+        limit_fds(fd_headroom)
     link.put(ctx.address())
     while True:
         cmd = link.get()
@@ -34,6 +48,9 @@ def target(link, transport):
             return None
         if cmd == "rss":
             link.put(rss_kib())
+            continue
+        if isinstance(cmd, tuple) and cmd[0] == "fds":
+            limit_fds(cmd[1])
             continue
         ep = ctx.accept(timeout_ms=CONNECT_TIMEOUT_MS)
         buf = np.zeros(ECHO_BYTES, dtype=np.uint8)
