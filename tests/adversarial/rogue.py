@@ -150,3 +150,30 @@ def proc_cpu_seconds(pid):
 
 def proc_fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+# ---- SlimeRPC (csrc/rpc/rpc_internal.h) ----
+RPC_MAGIC = 0x43505253
+RPC_REQUEST = 3
+RPC_F_BULK = 0x1
+RPC_TAG_SPACE = 0xFFFF << 48
+_RPC_HDR = struct.Struct("<IHBBIIQQQQ")
+
+
+def rpc_request_tag(port):
+    return RPC_TAG_SPACE | port  # kind 00: the request mailbox
+
+
+def rpc_bulk_announcement(cid, method, req_id, length, slot=64 << 10):
+    """A request header that says its payload of length bytes follows by
+    bulk (which the rogue never sends)."""
+    return _RPC_HDR.pack(RPC_MAGIC, 1, RPC_REQUEST, RPC_F_BULK, cid, 0, method, req_id, length, slot)
+
+
+def proc_vm_kib(pid):
+    """Address space of process pid (VmSize), in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmSize")
