@@ -100,11 +100,16 @@ static slime_status_t epoll_open(slime_ctx_t *ctx) {
 }
 
 static slime_status_t mrs_open(slime_ctx_t *ctx) {
+    if (!(ctx->mr_slots = calloc(MR_TABLE_SLOTS, sizeof *ctx->mr_slots)))
+        return slime_errorf(SLIME_ERR_NOMEM, "ctx_create: region slots");
     slime_status_t st = mr_table_create(&ctx->mr_fd, &ctx->mr_table);
-    if (st != SLIME_OK) return st;
-    if ((st = shmem_table_add(ctx->mr_table)) != SLIME_OK) {
+    if (st == SLIME_OK && (st = shmem_table_add(ctx->mr_table)) != SLIME_OK) {
         munmap(ctx->mr_table, sizeof(mr_shared_t));
         close_fd(&ctx->mr_fd);
+    }
+    if (st != SLIME_OK) {
+        free(ctx->mr_slots);
+        ctx->mr_slots = NULL;
     }
     return st;
 }
@@ -113,6 +118,8 @@ static void mrs_close(slime_ctx_t *ctx) {
     shmem_table_remove(ctx->mr_table);
     munmap(ctx->mr_table, sizeof(mr_shared_t));
     close_fd(&ctx->mr_fd);
+    free(ctx->mr_slots);
+    ctx->mr_slots = NULL;
 }
 
 slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out) {
@@ -167,6 +174,7 @@ static void fail_everything(slime_ctx_t *ctx) {
     while (!list_empty(&ctx->mrs)) {
         slime_mr_t *mr = container_of(ctx->mrs.next, slime_mr_t, link);
         list_del(&mr->link);
+        ctx->mr_slots[mr->slot] = NULL;
         mr->ctx = NULL; /* the caller may still deregister (free) it */
         md_mr_unreg(ctx, mr); /* the domains close below */
     }

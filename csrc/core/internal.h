@@ -93,6 +93,8 @@ struct slime_mr {
     void *addr;
     size_t len;
     _Atomic int local_users;    /* local requests still using it */
+    _Atomic int pins;           /* peers' accesses our progress engine is copying */
+    bool dying;                 /* under ctx->lock: deregistering, refuses new accesses */
     const md_t *md;             /* the memory domain its bytes belong to */
     int device;                 /* ...and the device in it, or -1 */
     md_memh_t *memh[SLIME_MD_MAX]; /* its registration in ctx->mds[i], or NULL */
@@ -140,6 +142,12 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey,
                                 uint64_t off, uint64_t len, unsigned access,
                                 uint64_t *addr, char *why, size_t whylen);
 void mr_table_release(mr_shared_t *t, uint64_t handle);
+/* The owner's check of a peer's access to one of its regions, served by
+ * its progress engine (under ctx->lock): against ctx->mr_slots, never the
+ * shared table, and pinned privately until mr_own_release. */
+slime_status_t mr_own_acquire(slime_ctx_t *ctx, uint64_t handle, uint32_t rkey, uint64_t off, uint64_t len,
+                              unsigned access, uint64_t *addr, char *why, size_t whylen);
+void mr_own_release(slime_ctx_t *ctx, uint64_t handle);
 slime_status_t mr_table_create(int *fd, mr_shared_t **out);
 
 /* memfd.c: a memfd of len bytes sealed against resizing (and further
@@ -163,7 +171,7 @@ typedef struct txn {
     const void *payload;
     size_t sent;                /* bytes of header + payload sent */
     slime_req_t *req;           /* completed when fully sent, if set */
-    uint64_t release_handle;    /* MR entry to unpin when sent (+1), or 0 */
+    uint64_t release_handle;    /* our region to unpin when sent (+1), or 0 (mr_own_release) */
     char text[];                /* small owned payload (error texts) */
 } txn_t;
 
@@ -366,6 +374,9 @@ struct slime_ctx {
     /* memory */
     int mr_fd;
     mr_shared_t *mr_table;
+    /* our regions by table slot: what the owner checks a peer's access
+     * against, as peers map the shared table writable (to pin entries) */
+    slime_mr_t **mr_slots;
     slime_list_t mrs;
     md_t *mds;                  /* memory domains open here (md.c) */
     unsigned n_mds;

@@ -94,15 +94,21 @@ def mr_table(sealed=True):
     return fd
 
 
-def shm_dial(target_id, ctx_id, seg_fd, table_fd, timeout=CONNECT_TIMEOUT_MS / 1000):
+def shm_dial(target_id, ctx_id, seg_fd, table_fd, timeout=CONNECT_TIMEOUT_MS / 1000, fds_out=None):
     """Says hello to the target's shm listener with the two fds; returns
     the socket and the welcome (verdict, reason).  A connection the target
-    drops without a word gives verdict None."""
+    drops without a word gives verdict None.  The fd that came with the
+    welcome (the target's MR table) goes to fds_out if given, else closed."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(timeout)
     sock.connect(b"\0dlslime-%016x" % target_id)
     socket.send_fds(sock, [hello(TRANSPORT_SHM, ctx_id)], [seg_fd, table_fd])
-    data, _fds, _flags, _addr = socket.recv_fds(sock, _WELCOME.size, 1)
+    data, fds, _flags, _addr = socket.recv_fds(sock, _WELCOME.size, 1)
+    for fd in fds:
+        if fds_out is None:
+            os.close(fd)
+        else:
+            fds_out.append(fd)
     if not data:
         return sock, (None, "")
     return sock, parse_welcome(data)
@@ -116,10 +122,21 @@ def post_frame(seg_fd, sock, frame, at=0):
     sock.send(b"\1")
 
 
-def read_request(handle, length, req_id=1):
+MR_SLOTS_AT, MR_ENTRY = 64, 64              # mr_shared_t.slots, sizeof(mr_entry_t)
+MR_VALID = 1
+
+
+def forge_mr_entry(table_fd, slot, rkey, addr, length, access=3):
+    """Writes a valid-looking entry into slot of a mapped MR table
+    (mr_entry_t: state, gen, inflight, rkey, access, block_fd, addr, len)."""
+    entry = struct.pack("<IIiIIiQQ", MR_VALID, 0, 0, rkey, access, -1, addr, length)
+    os.pwrite(table_fd, entry, MR_SLOTS_AT + slot * MR_ENTRY)
+
+
+def read_request(handle, length, req_id=1, rkey=0):
     """An F_READ_REQ frame: the target must answer it (here with an error,
     as no region has that handle)."""
-    return _FRAME.pack(F_READ_REQ, 0, 0, 0, 0, 0, handle, 0, req_id, length, 0)
+    return _FRAME.pack(F_READ_REQ, 0, 0, 0, rkey, 0, handle, 0, req_id, length, 0)
 
 
 def address_tcp_port(address):

@@ -35,8 +35,9 @@ def limit_fds(headroom):
 
 
 def target(link, transport, fd_headroom=None):
-    """A context with the suite's token; on "serve" it accepts one peer
-    and echoes one message; "rss" answers its resident set in KiB;
+    """A context with the suite's token; on ("serve", id) it accepts
+    peers until the one with context id, and echoes one message to it
+    (a rogue it welcomed may come first); "rss" answers its resident set in KiB;
     ("fds", n) lets it open n more fds (fd_headroom at the start)."""
     ctx = _C.Context(transport=transport, token=TOKEN)
     if fd_headroom is not None:
@@ -53,6 +54,8 @@ def target(link, transport, fd_headroom=None):
             limit_fds(cmd[1])
             continue
         ep = ctx.accept(timeout_ms=CONNECT_TIMEOUT_MS)
+        while ep.peer_id != cmd[1]:
+            ep = ctx.accept(timeout_ms=CONNECT_TIMEOUT_MS)
         buf = np.zeros(ECHO_BYTES, dtype=np.uint8)
         ep.recv(buf, tag=1).wait(timeout_ms=WAIT_MS)
         ep.send(buf, tag=2).wait(timeout_ms=WAIT_MS)
@@ -63,8 +66,8 @@ def assert_serves(peer, address, transport):
     """A genuine peer connects to the target and gets its echo back."""
     peer.proc.join(0.5)  # a crash the attack caused shows by now
     assert peer.proc.is_alive(), f"the target died (exit code {peer.proc.exitcode})"
-    peer.put("serve")
     ctx = _C.Context(transport=transport, token=TOKEN)
+    peer.put(("serve", ctx.id))
     try:
         ep = ctx.connect(address, timeout_ms=CONNECT_TIMEOUT_MS)
         data = pattern(ECHO_BYTES, 7)

@@ -103,3 +103,28 @@ def test_sealed_memfd_cannot_shrink():
     with pytest.raises(PermissionError):
         os.ftruncate(fd, 0)
     os.close(fd)
+
+
+def test_forged_entry_in_the_targets_mr_table_is_not_trusted():
+    """Peers map the target's MR table writable (to pin its entries while
+    they copy by CMA).  A rogue that writes a valid-looking entry for an
+    address of its choosing, then asks the target to serve a read of it,
+    must get a refusal: the target checks the accesses it serves against
+    its own record of its regions, not the shared table."""
+    with Peer(target, "shm") as peer:
+        address = peer.get()
+        seg, table = rogue.segment(RING), rogue.mr_table()
+        theirs = []
+        sock, (verdict, reason) = rogue.shm_dial(rogue.address_ctx_id(address), rogue.rogue_id(), seg, table,
+                                                 fds_out=theirs)
+        assert verdict == rogue.WELCOME_OK, reason
+        # an address nothing is mapped at in the target
+        rogue.forge_mr_entry(theirs[0], slot=7, rkey=0x55, addr=0x1000, length=1 << 20)
+        rogue.post_frame(seg, sock, rogue.read_request(handle=7 << 32, length=4096, rkey=0x55))
+        time.sleep(0.5)
+        assert_serves(peer, address, "shm")
+        ftype, _flags, _pad, status = read_reply(seg)
+        assert ftype == F_READ_RESP and status != 0, "the target served a read of a forged region"
+        sock.close()
+        peer.put("bye")
+        peer.finish()
