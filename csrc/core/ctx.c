@@ -40,14 +40,7 @@ static slime_ctx_t *ctx_alloc(const slime_ctx_opts_t *opts, int force) {
     ctx->epfd = ctx->pt_epfd = ctx->wakefd = ctx->mr_fd = -1;
     do ctx->id = random_u64(); while (ctx->id == 0);
     ctx->force = force;
-    const void *tok = opts->token;
-    size_t toklen = opts->token_len;
-    if (!tok) {
-        tok = getenv("DLSLIME_TOKEN");
-        toklen = tok ? strlen(tok) : 0;
-    }
-    ctx->proof = token_digest("dlslime-hello-1", tok ? tok : "", toklen);
-    ctx->job = token_digest("dlslime-job-1", tok ? tok : "", toklen);
+    token_init(ctx, opts->token, opts->token_len);
     ctx->unexp_cap = env_size("DLSLIME_UNEXPECTED_MAX", 256u << 20);
     address_init(ctx);
     return ctx;

@@ -163,6 +163,7 @@ slime_status_t slime_ep_connect(slime_ctx_t *ctx, const void *addr, size_t addr_
     if (ep && ep->state == EP_UP) { *out = ep; goto out; }
     if (ep) { st = settle(ctx, ep, deadline, out); goto out; }
     if (!(ep = ep_new(ctx, wa.ctx_id))) { st = slime_errorf(SLIME_ERR_NOMEM, "connect"); goto out; }
+    ep->peer_job = wa.flags & ADDR_CAPABILITY ? wa.cap_job : ctx->job;
     ep->dialing = true;
     pthread_mutex_unlock(&ctx->lock);
 

@@ -22,14 +22,15 @@
  * us this many fds at most, not one each until its deadline. */
 #define PENDING_MAX 64
 
-void hello_fill(const slime_ctx_t *ctx, int transport, wire_hello_t *h) {
+void hello_fill(const slime_ctx_t *ctx, const wire_addr_t *peer, int transport, wire_hello_t *h) {
     memset(h, 0, sizeof *h);
     h->magic = WIRE_HELLO_MAGIC;
     h->version = SLIME_WIRE_VERSION;
     h->transport = (uint8_t)transport;
-    h->proof = ctx->proof;
+    h->proof = peer->flags & ADDR_CAPABILITY ? peer->cap_proof : ctx->proof;
     h->ctx_id = ctx->id;
     h->pid = ctx->addr.pid;
+    h->job = ctx->job;
 }
 
 slime_status_t welcome_check(const slime_ctx_t *ctx, const wire_welcome_t *w) {
@@ -83,11 +84,13 @@ slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h, int transport,
     if (!ep) {
         ep = ep_new(ctx, h->ctx_id);
         if (!ep) return refuse(w, WELCOME_REFUSED, "out of memory");
+        ep->peer_job = h->job;
         return ep;
     }
     if (ep->state == EP_UP) return refuse(w, WELCOME_DUPLICATE, "already connected");
     /* both sides dial at once: the dial of the lower id wins */
     if (ep->dialing && h->ctx_id > ctx->id) return refuse(w, WELCOME_DUPLICATE, "our dial wins");
+    ep->peer_job = h->job;
     return ep;
 }
 

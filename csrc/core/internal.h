@@ -237,6 +237,7 @@ struct slime_ep {
     slime_status_t down_status;
     char down_reason[160];
     uint64_t peer_id;
+    uint64_t peer_job;          /* the job id the peer's descriptors carry */
     uint32_t peer_pid;
     bool dialing;               /* a thread of ours is dialing this peer */
     const struct transport_ops *tp; /* the context's copy of its table */
@@ -348,6 +349,7 @@ struct slime_ctx {
     pthread_mutex_t lock;
     uint64_t id;
     uint64_t proof, job;        /* from the token (token.c) */
+    bool own_token;             /* none was given: a random one, in the address */
     int force;                  /* 0 auto, else the forced transport's wire id */
     tp_slot_t tps[TRANSPORT_MAX]; /* by wire id */
     wire_addr_t addr;
@@ -432,6 +434,10 @@ void epoll_update(slime_ctx_t *ctx, slime_ep_t *ep);
 
 /* token.c */
 uint64_t token_digest(const char *domain, const void *tok, size_t len);
+/* ctx->proof and ->job from the token (tok, len; NULL: none given),
+ * else $DLSLIME_TOKEN, else a random token of the context's own
+ * (ctx->own_token). */
+void token_init(slime_ctx_t *ctx, const void *tok, size_t len);
 uint64_t random_u64(void);
 
 /* transports.c: the provider table's transports in a context */
@@ -468,7 +474,9 @@ slime_status_t address_parse(const void *buf, size_t len, wire_addr_t *out);
 bool address_same_host(const wire_addr_t *a, const wire_addr_t *b);
 
 /* handshake.c */
-void hello_fill(const slime_ctx_t *ctx, int transport, wire_hello_t *h);
+/* The hello to the peer at *peer: the proof its address asks for (its
+ * capability) or else ours. */
+void hello_fill(const slime_ctx_t *ctx, const wire_addr_t *peer, int transport, wire_hello_t *h);
 slime_status_t welcome_check(const slime_ctx_t *ctx, const wire_welcome_t *w);
 /* Decides what an acceptor does with a complete hello that came through
  * a listener and now rests with transport (a wire id), under ctx->lock:

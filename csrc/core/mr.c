@@ -225,7 +225,7 @@ slime_status_t desc_check(const slime_ep_t *ep, const slime_mr_desc_t *desc, uin
     memcpy(out, desc->bytes, sizeof *out);
     if (out->magic != WIRE_DESC_MAGIC || out->version != SLIME_WIRE_VERSION)
         return slime_errorf(SLIME_ERR_INVAL, "remote descriptor is malformed (not from slime_mr_desc)");
-    if (out->job != ep->ctx->job)
+    if (out->job != ep->peer_job)
         return slime_errorf(SLIME_ERR_ACCESS, "remote descriptor belongs to another job (token differs)");
     if (out->ctx_id != ep->peer_id)
         return slime_errorf(SLIME_ERR_ACCESS, "remote descriptor belongs to context %016" PRIx64

@@ -215,7 +215,7 @@ slime_status_t shm_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t dead
     if (st != SLIME_OK) return st;
     if ((st = seg_create(ring, &segfd, &seg)) == SLIME_OK) {
         wire_hello_t hello;
-        hello_fill(ctx, WIRE_TRANSPORT_SHM, &hello);
+        hello_fill(ctx, peer, WIRE_TRANSPORT_SHM, &hello);
         int fds[2] = {segfd, ctx->mr_fd};
         st = send_with_fds(sock, &hello, sizeof hello, fds, 2, deadline);
     }

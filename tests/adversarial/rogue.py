@@ -27,7 +27,7 @@ RING0_TAIL, RING0_HEAD = 64, 128          # seg_hdr_t.ring[0]: dialer -> accepto
 MR_TABLE_SIZE = 64 + 4096 * 64            # sizeof(mr_shared_t)
 F_READ_REQ = 7
 
-_HELLO = struct.Struct("<IHBBQQII")
+_HELLO = struct.Struct("<IHBBQQIIQ")
 _WELCOME = struct.Struct("<IHHQII96s")
 _FRAME = struct.Struct("<BBHIIIQQQQQ")
 
@@ -50,16 +50,23 @@ def token_digest(domain, token):
     return _mix(h ^ len(token))
 
 
-def hello(transport, ctx_id, token=TOKEN):
+def hello(address, transport, ctx_id, token=TOKEN):
+    """A hello to the context at address (in its wire version) from a
+    context ctx_id that holds token."""
     proof = token_digest("dlslime-hello-1", token)
-    version = 1  # SLIME_WIRE_VERSION
-    return _HELLO.pack(HELLO_MAGIC, version, transport, 0, proof, ctx_id, os.getpid(), 0)
+    job = token_digest("dlslime-job-1", token)
+    return _HELLO.pack(HELLO_MAGIC, address_version(address), transport, 0, proof, ctx_id, os.getpid(), 0, job)
 
 
 def parse_welcome(data):
     magic, _version, verdict, ctx_id, pid, _pad, reason = _WELCOME.unpack(data)
     assert magic == WELCOME_MAGIC, f"not a welcome: {data!r}"
     return verdict, reason.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def address_version(address):
+    """The wire version in an address blob (wire_addr_t.version)."""
+    return struct.unpack_from("<H", address, 4)[0]
 
 
 def address_ctx_id(address):
@@ -94,15 +101,16 @@ def mr_table(sealed=True):
     return fd
 
 
-def shm_dial(target_id, ctx_id, seg_fd, table_fd, timeout=CONNECT_TIMEOUT_MS / 1000, fds_out=None):
-    """Says hello to the target's shm listener with the two fds; returns
+def shm_dial(address, ctx_id, seg_fd, table_fd, timeout=CONNECT_TIMEOUT_MS / 1000, fds_out=None, token=TOKEN):
+    """Says hello to the shm listener of the context at address with the
+    two fds; returns
     the socket and the welcome (verdict, reason).  A connection the target
     drops without a word gives verdict None.  The fd that came with the
     welcome (the target's MR table) goes to fds_out if given, else closed."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(timeout)
-    sock.connect(b"\0dlslime-%016x" % target_id)
-    socket.send_fds(sock, [hello(TRANSPORT_SHM, ctx_id)], [seg_fd, table_fd])
+    sock.connect(b"\0dlslime-%016x" % address_ctx_id(address))
+    socket.send_fds(sock, [hello(address, TRANSPORT_SHM, ctx_id, token)], [seg_fd, table_fd])
     data, fds, _flags, _addr = socket.recv_fds(sock, _WELCOME.size, 1)
     for fd in fds:
         if fds_out is None:
@@ -156,6 +164,20 @@ def silent_connections(address, transport, n):
             s.connect(("127.0.0.1", address_tcp_port(address)))
         socks.append(s)
     return socks
+
+
+def tcp_dial(address, ctx_id, token=TOKEN, timeout=CONNECT_TIMEOUT_MS / 1000):
+    """Says hello to the tcp listener of the context at address; returns
+    the welcome (verdict, reason), verdict None if it hung up instead."""
+    with socket.create_connection(("127.0.0.1", address_tcp_port(address)), timeout=timeout) as sock:
+        sock.sendall(hello(address, TRANSPORT_TCP, ctx_id, token))
+        data = b""
+        while len(data) < _WELCOME.size:
+            chunk = sock.recv(_WELCOME.size - len(data))
+            if not chunk:
+                return None, ""
+            data += chunk
+    return parse_welcome(data)
 
 
 def proc_cpu_seconds(pid):

@@ -34,12 +34,13 @@ def limit_fds(headroom):
     resource.setrlimit(resource.RLIMIT_NOFILE, (open_fds() + headroom, hard))
 
 
-def target(link, transport, fd_headroom=None):
+def target(link, transport, fd_headroom=None, token=TOKEN):
     """A context with the suite's token; on ("serve", id) it accepts
     peers until the one with context id, and echoes one message to it
     (a rogue it welcomed may come first); "rss" answers its resident set in KiB;
-    ("fds", n) lets it open n more fds (fd_headroom at the start)."""
-    ctx = _C.Context(transport=transport, token=TOKEN)
+    ("fds", n) lets it open n more fds (fd_headroom at the start).  With
+    token None, the context is made without one."""
+    ctx = _C.Context(transport=transport, token=token)
     if fd_headroom is not None:
         limit_fds(fd_headroom)
     link.put(ctx.address())
@@ -62,11 +63,12 @@ def target(link, transport, fd_headroom=None):
         link.put("served")
 
 
-def assert_serves(peer, address, transport):
-    """A genuine peer connects to the target and gets its echo back."""
+def assert_serves(peer, address, transport, token=TOKEN):
+    """A genuine peer (with token; None: without one, given the target's
+    address) connects to the target and gets its echo back."""
     peer.proc.join(0.5)  # a crash the attack caused shows by now
     assert peer.proc.is_alive(), f"the target died (exit code {peer.proc.exitcode})"
-    ctx = _C.Context(transport=transport, token=TOKEN)
+    ctx = _C.Context(transport=transport, token=token)
     peer.put(("serve", ctx.id))
     try:
         ep = ctx.connect(address, timeout_ms=CONNECT_TIMEOUT_MS)

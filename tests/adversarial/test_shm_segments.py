@@ -40,7 +40,7 @@ def test_well_formed_rogue_is_answered():
     with Peer(target, "shm") as peer:
         address = peer.get()
         seg, table = rogue.segment(RING), rogue.mr_table()
-        sock, (verdict, reason) = rogue.shm_dial(rogue.address_ctx_id(address), rogue.rogue_id(), seg, table)
+        sock, (verdict, reason) = rogue.shm_dial(address, rogue.rogue_id(), seg, table)
         assert verdict == rogue.WELCOME_OK, reason
         rogue.post_frame(seg, sock, rogue.read_request(handle=5 << 32, length=8))
         ftype, _flags, _pad, status = read_reply(seg)
@@ -58,7 +58,7 @@ def test_ring_size_that_wraps_is_refused():
         address = peer.get()
         me = rogue.rogue_id()
         seg, table = rogue.segment(RING, claimed_ring=RING + (1 << 63)), rogue.mr_table()
-        sock, (verdict, reason) = rogue.shm_dial(rogue.address_ctx_id(address), me, seg, table)
+        sock, (verdict, reason) = rogue.shm_dial(address, me, seg, table)
         if verdict == rogue.WELCOME_OK:
             # what the rogue is after: the target's reply into its ring
             rogue.post_frame(seg, sock, rogue.read_request(handle=5 << 32, length=8))
@@ -79,7 +79,7 @@ def test_unsealed_memfd_is_refused(unsealed):
         me = rogue.rogue_id()
         seg = rogue.segment(RING, sealed=unsealed != "ring segment")
         table = rogue.mr_table(sealed=unsealed != "MR table")
-        sock, (verdict, reason) = rogue.shm_dial(rogue.address_ctx_id(address), me, seg, table)
+        sock, (verdict, reason) = rogue.shm_dial(address, me, seg, table)
         if verdict == rogue.WELCOME_OK:
             # make the target reply (it reads our MR table to decide on a
             # doorbell), then pull the shrunk memory from under it
@@ -115,7 +115,7 @@ def test_forged_entry_in_the_targets_mr_table_is_not_trusted():
         address = peer.get()
         seg, table = rogue.segment(RING), rogue.mr_table()
         theirs = []
-        sock, (verdict, reason) = rogue.shm_dial(rogue.address_ctx_id(address), rogue.rogue_id(), seg, table,
+        sock, (verdict, reason) = rogue.shm_dial(address, rogue.rogue_id(), seg, table,
                                                  fds_out=theirs)
         assert verdict == rogue.WELCOME_OK, reason
         # an address nothing is mapped at in the target
