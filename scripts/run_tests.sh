@@ -47,15 +47,15 @@ else
 fi
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
-section "Python tests: the binding (tests/python) and the torch backend (tests/torch)"
+section "Python tests: the binding (tests/python), the torch backend (tests/torch), misbehaving peers (tests/adversarial)"
 # Rebuild the extensions in place first, so the tests never run against a
 # stale libdlslime.so, _C or _shim left by an earlier install.
 python_built=0
 if "$PYTHON" setup.py -q build_ext --inplace; then
     python_built=1
     # pytest exits 5 when it collects nothing: that is a failure here,
-    # since both directories hold tests.
-    "$PYTHON" -m pytest tests/python tests/torch "$@" || failed+=("Python tests (pytest exit $?)")
+    # since every directory holds tests.
+    "$PYTHON" -m pytest tests/python tests/torch tests/adversarial "$@" || failed+=("Python tests (pytest exit $?)")
 else
     failed+=("Python extension build")
 fi

@@ -44,6 +44,11 @@ void address_init(slime_ctx_t *ctx) {
     a->net_ns = ns_inode("net");
     a->uid = (uint32_t)getuid();
     a->pid = (uint32_t)getpid();
+    if (ctx->own_token) {
+        a->flags |= ADDR_CAPABILITY;
+        a->cap_proof = ctx->proof;
+        a->cap_job = ctx->job;
+    }
 }
 
 slime_status_t slime_ctx_address(slime_ctx_t *ctx, void *buf, size_t *len) {

@@ -40,14 +40,7 @@ static slime_ctx_t *ctx_alloc(const slime_ctx_opts_t *opts, int force) {
     ctx->epfd = ctx->pt_epfd = ctx->wakefd = ctx->mr_fd = -1;
     do ctx->id = random_u64(); while (ctx->id == 0);
     ctx->force = force;
-    const void *tok = opts->token;
-    size_t toklen = opts->token_len;
-    if (!tok) {
-        tok = getenv("DLSLIME_TOKEN");
-        toklen = tok ? strlen(tok) : 0;
-    }
-    ctx->proof = token_digest("dlslime-hello-1", tok ? tok : "", toklen);
-    ctx->job = token_digest("dlslime-job-1", tok ? tok : "", toklen);
+    token_init(ctx, opts->token, opts->token_len);
     ctx->unexp_cap = env_size("DLSLIME_UNEXPECTED_MAX", 256u << 20);
     address_init(ctx);
     return ctx;
@@ -100,11 +93,16 @@ static slime_status_t epoll_open(slime_ctx_t *ctx) {
 }
 
 static slime_status_t mrs_open(slime_ctx_t *ctx) {
+    if (!(ctx->mr_slots = calloc(MR_TABLE_SLOTS, sizeof *ctx->mr_slots)))
+        return slime_errorf(SLIME_ERR_NOMEM, "ctx_create: region slots");
     slime_status_t st = mr_table_create(&ctx->mr_fd, &ctx->mr_table);
-    if (st != SLIME_OK) return st;
-    if ((st = shmem_table_add(ctx->mr_table)) != SLIME_OK) {
+    if (st == SLIME_OK && (st = shmem_table_add(ctx->mr_table)) != SLIME_OK) {
         munmap(ctx->mr_table, sizeof(mr_shared_t));
         close_fd(&ctx->mr_fd);
+    }
+    if (st != SLIME_OK) {
+        free(ctx->mr_slots);
+        ctx->mr_slots = NULL;
     }
     return st;
 }
@@ -113,6 +111,8 @@ static void mrs_close(slime_ctx_t *ctx) {
     shmem_table_remove(ctx->mr_table);
     munmap(ctx->mr_table, sizeof(mr_shared_t));
     close_fd(&ctx->mr_fd);
+    free(ctx->mr_slots);
+    ctx->mr_slots = NULL;
 }
 
 slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out) {
@@ -167,6 +167,7 @@ static void fail_everything(slime_ctx_t *ctx) {
     while (!list_empty(&ctx->mrs)) {
         slime_mr_t *mr = container_of(ctx->mrs.next, slime_mr_t, link);
         list_del(&mr->link);
+        ctx->mr_slots[mr->slot] = NULL;
         mr->ctx = NULL; /* the caller may still deregister (free) it */
         md_mr_unreg(ctx, mr); /* the domains close below */
     }

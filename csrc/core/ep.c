@@ -90,11 +90,11 @@ void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...) {
         txn_t *t = container_of(ep->txq.next, txn_t, link);
         list_del(&t->link);
         if (t->req) req_complete(t->req, st, "%s", why);
-        if (t->release_handle) mr_table_release(ctx->mr_table, t->release_handle - 1);
+        if (t->release_handle) mr_own_release(ctx, t->release_handle - 1);
         free(t);
     }
     if (ep->rx.pinned) {
-        mr_table_release(ctx->mr_table, ep->rx.pinned - 1);
+        mr_own_release(ctx, ep->rx.pinned - 1);
         ep->rx.pinned = 0;
     }
     if (ep->rx.sink == SINK_UNEXP && ep->rx.umsg && ep->rx.state == RX_PAYLOAD) {
@@ -163,6 +163,7 @@ slime_status_t slime_ep_connect(slime_ctx_t *ctx, const void *addr, size_t addr_
     if (ep && ep->state == EP_UP) { *out = ep; goto out; }
     if (ep) { st = settle(ctx, ep, deadline, out); goto out; }
     if (!(ep = ep_new(ctx, wa.ctx_id))) { st = slime_errorf(SLIME_ERR_NOMEM, "connect"); goto out; }
+    ep->peer_job = wa.flags & ADDR_CAPABILITY ? wa.cap_job : ctx->job;
     ep->dialing = true;
     pthread_mutex_unlock(&ctx->lock);
 

@@ -16,16 +16,21 @@
 #include "core/internal.h"
 #include "transport/transport.h"
 
-#define HANDSHAKE_NS (5ull * 1000000000ull)
+/* Unauthenticated connections held at once (DLSLIME_PENDING_MAX); past
+ * it the oldest goes.  A genuine dialer's hello follows its connect at
+ * once, so only a silent connection grows old, and a flood of them costs
+ * us this many fds at most, not one each until its deadline. */
+#define PENDING_MAX 64
 
-void hello_fill(const slime_ctx_t *ctx, int transport, wire_hello_t *h) {
+void hello_fill(const slime_ctx_t *ctx, const wire_addr_t *peer, int transport, wire_hello_t *h) {
     memset(h, 0, sizeof *h);
     h->magic = WIRE_HELLO_MAGIC;
     h->version = SLIME_WIRE_VERSION;
     h->transport = (uint8_t)transport;
-    h->proof = ctx->proof;
+    h->proof = peer->flags & ADDR_CAPABILITY ? peer->cap_proof : ctx->proof;
     h->ctx_id = ctx->id;
     h->pid = ctx->addr.pid;
+    h->job = ctx->job;
 }
 
 slime_status_t welcome_check(const slime_ctx_t *ctx, const wire_welcome_t *w) {
@@ -79,15 +84,28 @@ slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h, int transport,
     if (!ep) {
         ep = ep_new(ctx, h->ctx_id);
         if (!ep) return refuse(w, WELCOME_REFUSED, "out of memory");
+        ep->peer_job = h->job;
         return ep;
     }
     if (ep->state == EP_UP) return refuse(w, WELCOME_DUPLICATE, "already connected");
     /* both sides dial at once: the dial of the lower id wins */
     if (ep->dialing && h->ctx_id > ctx->id) return refuse(w, WELCOME_DUPLICATE, "our dial wins");
+    ep->peer_job = h->job;
     return ep;
 }
 
+size_t pending_conn_evict(slime_ctx_t *ctx, size_t n) {
+    size_t k = 0;
+    pending_conn_t *oldest;
+    while (k < n && (oldest = list_first(&ctx->pending_conns, pending_conn_t, link))) {
+        pending_conn_close(ctx, oldest);
+        k++;
+    }
+    return k;
+}
+
 void pending_conn_add(slime_ctx_t *ctx, int fd, int transport) {
+    if (ctx->n_pending >= env_size("DLSLIME_PENDING_MAX", PENDING_MAX)) pending_conn_evict(ctx, 1);
     pending_conn_t *pc = calloc(1, sizeof *pc);
     if (!pc) { close(fd); return; }
     pc->fd = fd;
@@ -99,6 +117,7 @@ void pending_conn_add(slime_ctx_t *ctx, int fd, int transport) {
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = &pc->pollable};
     if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) { close(fd); free(pc); return; }
     list_push_back(&ctx->pending_conns, &pc->link);
+    ctx->n_pending++;
     pending_conn_progress(ctx, pc); /* the hello may be here already */
 }
 
@@ -110,6 +129,7 @@ void pending_conn_close(slime_ctx_t *ctx, pending_conn_t *pc) {
     for (int i = 0; i < 2; i++)
         if (pc->xfd[i] >= 0) close(pc->xfd[i]);
     list_del(&pc->link);
+    ctx->n_pending--;
     free(pc);
 }
 

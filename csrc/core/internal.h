@@ -93,6 +93,8 @@ struct slime_mr {
     void *addr;
     size_t len;
     _Atomic int local_users;    /* local requests still using it */
+    _Atomic int pins;           /* peers' accesses our progress engine is copying */
+    bool dying;                 /* under ctx->lock: deregistering, refuses new accesses */
     const md_t *md;             /* the memory domain its bytes belong to */
     int device;                 /* ...and the device in it, or -1 */
     md_memh_t *memh[SLIME_MD_MAX]; /* its registration in ctx->mds[i], or NULL */
@@ -140,7 +142,20 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey,
                                 uint64_t off, uint64_t len, unsigned access,
                                 uint64_t *addr, char *why, size_t whylen);
 void mr_table_release(mr_shared_t *t, uint64_t handle);
+/* The owner's check of a peer's access to one of its regions, served by
+ * its progress engine (under ctx->lock): against ctx->mr_slots, never the
+ * shared table, and pinned privately until mr_own_release. */
+slime_status_t mr_own_acquire(slime_ctx_t *ctx, uint64_t handle, uint32_t rkey, uint64_t off, uint64_t len,
+                              unsigned access, uint64_t *addr, char *why, size_t whylen);
+void mr_own_release(slime_ctx_t *ctx, uint64_t handle);
 slime_status_t mr_table_create(int *fd, mr_shared_t **out);
+
+/* memfd.c: a memfd of len bytes sealed against resizing (and further
+ * seals), for a peer to map. */
+slime_status_t memfd_sealed(const char *name, size_t len, int *fd);
+/* Whether a peer's fd is a memfd sealed against resizing, so a mapping
+ * of it cannot fault later; its size in *len, else why not in why. */
+bool memfd_check(int fd, size_t *len, char *why, size_t whylen);
 
 /* shmem.c: every context's table hears of freed blocks (mem_frees). */
 slime_status_t shmem_table_add(mr_shared_t *t);
@@ -156,7 +171,7 @@ typedef struct txn {
     const void *payload;
     size_t sent;                /* bytes of header + payload sent */
     slime_req_t *req;           /* completed when fully sent, if set */
-    uint64_t release_handle;    /* MR entry to unpin when sent (+1), or 0 */
+    uint64_t release_handle;    /* our region to unpin when sent (+1), or 0 (mr_own_release) */
     char text[];                /* small owned payload (error texts) */
 } txn_t;
 
@@ -222,6 +237,7 @@ struct slime_ep {
     slime_status_t down_status;
     char down_reason[160];
     uint64_t peer_id;
+    uint64_t peer_job;          /* the job id the peer's descriptors carry */
     uint32_t peer_pid;
     bool dialing;               /* a thread of ours is dialing this peer */
     const struct transport_ops *tp; /* the context's copy of its table */
@@ -326,12 +342,14 @@ typedef struct tp_slot {
     void *state;                /* what its ctx_open made */
     size_t eager;               /* its eager limit */
     pollable_t listen;          /* its listener's events, if it has one */
+    uint64_t rest_until;        /* ...which rests until then (0: it listens) */
 } tp_slot_t;
 
 struct slime_ctx {
     pthread_mutex_t lock;
     uint64_t id;
     uint64_t proof, job;        /* from the token (token.c) */
+    bool own_token;             /* none was given: a random one, in the address */
     int force;                  /* 0 auto, else the forced transport's wire id */
     tp_slot_t tps[TRANSPORT_MAX]; /* by wire id */
     wire_addr_t addr;
@@ -339,6 +357,8 @@ struct slime_ctx {
     int pt_epfd;                /* the progress thread sleeps here */
     pollable_t p_wake;
     slime_list_t pending_conns;
+    size_t n_pending;           /* ...their number */
+    int n_resting;              /* listeners resting (tp_slot_t.rest_until) */
     slime_list_t eps;
     slime_list_t accepted;      /* eps dialed by peers, not yet accepted */
     size_t n_fd_eps;            /* up eps whose transport is not TP_CAP_POLLED */
@@ -356,6 +376,9 @@ struct slime_ctx {
     /* memory */
     int mr_fd;
     mr_shared_t *mr_table;
+    /* our regions by table slot: what the owner checks a peer's access
+     * against, as peers map the shared table writable (to pin entries) */
+    slime_mr_t **mr_slots;
     slime_list_t mrs;
     md_t *mds;                  /* memory domains open here (md.c) */
     unsigned n_mds;
@@ -411,6 +434,10 @@ void epoll_update(slime_ctx_t *ctx, slime_ep_t *ep);
 
 /* token.c */
 uint64_t token_digest(const char *domain, const void *tok, size_t len);
+/* ctx->proof and ->job from the token (tok, len; NULL: none given),
+ * else $DLSLIME_TOKEN, else a random token of the context's own
+ * (ctx->own_token). */
+void token_init(slime_ctx_t *ctx, const void *tok, size_t len);
 uint64_t random_u64(void);
 
 /* transports.c: the provider table's transports in a context */
@@ -425,6 +452,10 @@ void transports_close(slime_ctx_t *ctx);
  * open one that reaches it best. */
 slime_status_t transports_choose(slime_ctx_t *ctx, const wire_addr_t *peer,
                                  const struct transport_ops **out);
+/* A listener is readable: accepts, or rests a while when out of fds. */
+void transports_accept(slime_ctx_t *ctx, tp_slot_t *s);
+/* Under ctx->lock: listens again on the listeners whose rest is over. */
+void transports_wake_listeners(slime_ctx_t *ctx);
 /* slime_ctx_counter: the sum of the open transports' answers. */
 uint64_t transports_counter(const slime_ctx_t *ctx, slime_counter_t which);
 /* The open transport of wire id id, or NULL. */
@@ -443,7 +474,9 @@ slime_status_t address_parse(const void *buf, size_t len, wire_addr_t *out);
 bool address_same_host(const wire_addr_t *a, const wire_addr_t *b);
 
 /* handshake.c */
-void hello_fill(const slime_ctx_t *ctx, int transport, wire_hello_t *h);
+/* The hello to the peer at *peer: the proof its address asks for (its
+ * capability) or else ours. */
+void hello_fill(const slime_ctx_t *ctx, const wire_addr_t *peer, int transport, wire_hello_t *h);
 slime_status_t welcome_check(const slime_ctx_t *ctx, const wire_welcome_t *w);
 /* Decides what an acceptor does with a complete hello that came through
  * a listener and now rests with transport (a wire id), under ctx->lock:
@@ -455,5 +488,7 @@ void pending_conn_add(slime_ctx_t *ctx, int fd, int transport);
 void pending_conn_progress(slime_ctx_t *ctx, pending_conn_t *pc);
 int pending_conn_expire(slime_ctx_t *ctx);
 void pending_conn_close(slime_ctx_t *ctx, pending_conn_t *pc);
+/* Drops up to n of the oldest unauthenticated connections; how many. */
+size_t pending_conn_evict(slime_ctx_t *ctx, size_t n);
 
 #endif

@@ -1,11 +1,13 @@
 /* Memory regions and the shared MR table.
  *
  * The table lives in a memfd that same-host peers map, so a peer doing CMA
- * checks its access against the owner's table itself, and the owner's
- * stream path checks the very same entries: one rule for both.  An access
- * pins its entry (inflight++) and re-checks it; deregistration marks the
- * entry dying and waits for the pins to go.  Sequentially consistent
- * atomics make the two sides see each other (one of them always does). */
+ * checks its access against the owner's table itself.  An access pins
+ * its entry (inflight++) and re-checks it; deregistration marks the entry
+ * dying and waits for the pins to go.  Sequentially consistent atomics
+ * make the two sides see each other (one of them always does).  Peers map
+ * the table writable (for the pins), so the owner trusts none of it: the
+ * accesses its own progress engine serves are checked against its private
+ * record of each region (ctx->mr_slots) and pinned there. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -19,12 +21,9 @@
 #define DEREG_WAIT_NS (5ull * 1000000000ull)
 
 slime_status_t mr_table_create(int *fd_out, mr_shared_t **out) {
-    int fd = memfd_create("dlslime-mrs", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, sizeof(mr_shared_t)) < 0) {
-        int e = errno;
-        if (fd >= 0) close(fd);
-        return slime_errorf(SLIME_ERR_SYSTEM, "MR table: %s", strerror(e));
-    }
+    int fd;
+    slime_status_t st = memfd_sealed("dlslime-mrs", sizeof(mr_shared_t), &fd);
+    if (st != SLIME_OK) return st;
     void *p = mmap(NULL, sizeof(mr_shared_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         int e = errno;
@@ -48,6 +47,10 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey, 
     }
     mr_entry_t *e = &t->slots[slot];
     atomic_fetch_add(&e->inflight, 1);
+    /* a peer's table may change under us: the range is checked against,
+     * and computed from, one reading of the entry */
+    const volatile mr_entry_t *v = e;
+    uint64_t elen = v->len, eaddr = v->addr;
     slime_status_t st = SLIME_ERR_ACCESS;
     if (atomic_load(&e->state) != MR_VALID || atomic_load(&e->gen) != gen)
         snprintf(why, whylen, "region is not registered (deregistered or never was)");
@@ -55,11 +58,11 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey, 
         snprintf(why, whylen, "wrong key for region");
     else if ((e->access & access) != access)
         snprintf(why, whylen, "region does not allow remote %s", access & SLIME_ACCESS_REMOTE_WRITE ? "write" : "read");
-    else if (off > e->len || len > e->len - off)
+    else if (off > elen || len > elen - off)
         snprintf(why, whylen, "range [%" PRIu64 ", +%" PRIu64 ") is outside the region of %" PRIu64 " bytes",
-                 off, len, e->len);
+                 off, len, elen);
     else {
-        *addr = e->addr + off;
+        *addr = eaddr + off;
         st = SLIME_OK;
     }
     if (st != SLIME_OK) atomic_fetch_sub(&e->inflight, 1);
@@ -71,12 +74,39 @@ void mr_table_release(mr_shared_t *t, uint64_t handle) {
     if (slot < MR_TABLE_SLOTS) atomic_fetch_sub(&t->slots[slot].inflight, 1);
 }
 
+slime_status_t mr_own_acquire(slime_ctx_t *ctx, uint64_t handle, uint32_t rkey, uint64_t off, uint64_t len,
+                              unsigned access, uint64_t *addr, char *why, size_t whylen) {
+    uint32_t slot = (uint32_t)(handle >> 32), gen = (uint32_t)handle;
+    slime_mr_t *mr = slot < MR_TABLE_SLOTS ? ctx->mr_slots[slot] : NULL;
+    if (!mr || mr->dying || mr->gen != gen)
+        snprintf(why, whylen, "region is not registered (deregistered or never was)");
+    else if (mr->rkey != rkey)
+        snprintf(why, whylen, "wrong key for region");
+    else if ((mr->access & access) != access)
+        snprintf(why, whylen, "region does not allow remote %s", access & SLIME_ACCESS_REMOTE_WRITE ? "write" : "read");
+    else if (off > mr->len || len > mr->len - off)
+        snprintf(why, whylen, "range [%" PRIu64 ", +%" PRIu64 ") is outside the region of %zu bytes", off, len,
+                 mr->len);
+    else {
+        atomic_fetch_add(&mr->pins, 1);
+        *addr = (uint64_t)(uintptr_t)mr->addr + off;
+        return SLIME_OK;
+    }
+    return SLIME_ERR_ACCESS;
+}
+
+void mr_own_release(slime_ctx_t *ctx, uint64_t handle) {
+    uint32_t slot = (uint32_t)(handle >> 32);
+    slime_mr_t *mr = slot < MR_TABLE_SLOTS ? ctx->mr_slots[slot] : NULL;
+    if (mr) atomic_fetch_sub(&mr->pins, 1);
+}
+
 /* Under ctx->lock: gives mr a free slot of the shared table and makes
  * its entry valid, once every domain has packed its part. */
 static slime_status_t mr_publish(slime_ctx_t *ctx, slime_mr_t *mr) {
     mr_shared_t *t = ctx->mr_table;
     uint32_t slot = 0;
-    while (slot < MR_TABLE_SLOTS && atomic_load(&t->slots[slot].state) != MR_FREE) slot++;
+    while (slot < MR_TABLE_SLOTS && ctx->mr_slots[slot]) slot++;
     if (slot == MR_TABLE_SLOTS)
         return slime_errorf(SLIME_ERR_NOMEM, "mr_reg: all %d region slots are in use", MR_TABLE_SLOTS);
     mr_entry_t *e = &t->slots[slot];
@@ -90,6 +120,7 @@ static slime_status_t mr_publish(slime_ctx_t *ctx, slime_mr_t *mr) {
     e->len = mr->len;
     md_mr_pack(ctx, mr, e);
     atomic_store(&e->state, MR_VALID);
+    ctx->mr_slots[slot] = mr;
     list_push_back(&ctx->mrs, &mr->link);
     return SLIME_OK;
 }
@@ -122,9 +153,11 @@ slime_status_t slime_mr_reg(slime_ctx_t *ctx, void *addr, size_t len, unsigned a
     return SLIME_OK;
 }
 
+/* No access copies the region: neither one our progress engine serves
+ * nor a peer's by CMA (the peer's pin, in the shared table). */
 static bool unpinned(void *arg) {
-    mr_entry_t *e = arg;
-    return atomic_load(&e->inflight) == 0;
+    slime_mr_t *mr = arg;
+    return atomic_load(&mr->pins) == 0 && atomic_load(&mr->ctx->mr_table->slots[mr->slot].inflight) == 0;
 }
 
 slime_status_t slime_mr_dereg(slime_mr_t *mr) {
@@ -137,16 +170,18 @@ slime_status_t slime_mr_dereg(slime_mr_t *mr) {
     mr_entry_t *e = &ctx->mr_table->slots[mr->slot];
     atomic_store(&e->state, MR_DYING);
     pthread_mutex_lock(&ctx->lock);
+    mr->dying = true;
     md_mr_revoke(ctx, mr);
     pthread_mutex_unlock(&ctx->lock);
     /* accesses that pinned the entry before it died finish their copy */
-    if (!ctx_wait_until(ctx, unpinned, e, now_ns() + DEREG_WAIT_NS)) {
+    if (!ctx_wait_until(ctx, unpinned, mr, now_ns() + DEREG_WAIT_NS)) {
         return slime_errorf(SLIME_ERR_BUSY, "mr_dereg: remote accesses still copying after %llu s; "
                             "the region refuses new ones, call again", DEREG_WAIT_NS / 1000000000ull);
     }
     pthread_mutex_lock(&ctx->lock);
     atomic_fetch_add(&e->gen, 1);
     atomic_store(&e->state, MR_FREE);
+    ctx->mr_slots[mr->slot] = NULL;
     list_del(&mr->link);
     pthread_mutex_unlock(&ctx->lock);
     md_mr_unreg(ctx, mr);
@@ -190,7 +225,7 @@ slime_status_t desc_check(const slime_ep_t *ep, const slime_mr_desc_t *desc, uin
     memcpy(out, desc->bytes, sizeof *out);
     if (out->magic != WIRE_DESC_MAGIC || out->version != SLIME_WIRE_VERSION)
         return slime_errorf(SLIME_ERR_INVAL, "remote descriptor is malformed (not from slime_mr_desc)");
-    if (out->job != ep->ctx->job)
+    if (out->job != ep->peer_job)
         return slime_errorf(SLIME_ERR_ACCESS, "remote descriptor belongs to another job (token differs)");
     if (out->ctx_id != ep->peer_id)
         return slime_errorf(SLIME_ERR_ACCESS, "remote descriptor belongs to context %016" PRIx64

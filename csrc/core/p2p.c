@@ -51,6 +51,17 @@ size_t p2p_drop_unexpected(slime_ctx_t *ctx, bool (*stale)(uint64_t tag, void *a
 
 slime_ctx_t *p2p_ep_ctx(const slime_ep_t *ep) { return ep->ctx; }
 
+void p2p_ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...) {
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&ep->ctx->lock);
+    ep_fail(ep, st, "%s", text);
+    pthread_mutex_unlock(&ep->ctx->lock);
+}
+
 bool p2p_ep_can(const slime_ep_t *ep, p2p_cap_t cap) {
     switch (cap) {
     case P2P_CAP_CPU_RMA: return ep_has_cap(ep, TP_CAP_CPU_RMA);

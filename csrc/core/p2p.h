@@ -77,6 +77,10 @@ size_t p2p_drop_unexpected(slime_ctx_t *ctx, bool (*stale)(uint64_t tag, void *a
 
 /* ---- endpoints ---- */
 slime_ctx_t *p2p_ep_ctx(const slime_ep_t *ep);
+/* Disconnects a peer that broke a rule of a layer above the core (an
+ * RPC budget): ep goes down with st and the reason fmt, its pending
+ * requests fail, and every later one says why, naming the peer. */
+void p2p_ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* What an endpoint's transport can do, for the algorithms that choose a
  * path by it (bits, so that a transport can answer several). */

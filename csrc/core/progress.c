@@ -32,11 +32,7 @@
 static void handle_event(slime_ctx_t *ctx, pollable_t *p, uint32_t events) {
     switch (p->kind) {
     case POLL_WAKE: return; /* only on pt_epfd, drained by the progress thread */
-    case POLL_LISTEN: {
-        tp_slot_t *s = p->obj;
-        s->tp->accept(ctx, s->state);
-        return;
-    }
+    case POLL_LISTEN: transports_accept(ctx, p->obj); return;
     case POLL_PENDING: pending_conn_progress(ctx, p->obj); return;
     case POLL_EP: {
         slime_ep_t *ep = p->obj;
@@ -64,6 +60,7 @@ int progress_locked(slime_ctx_t *ctx) {
         midway |= ep->state == EP_UP && polled && ep->rx.state == RX_PAYLOAD && ep->rx.sink == SINK_WRITE;
     }
     ctx->midway = midway;
+    if (ctx->n_resting) transports_wake_listeners(ctx);
     bool fds = ctx->n_fd_eps || ctx->poll_now || !list_empty(&ctx->pending_conns);
     if (fds || (++ctx->poll_tick & 63) == 0) {
         ctx->poll_now = false;
@@ -232,7 +229,7 @@ void *progress_thread_main(void *arg) {
         if (spinner || grace) atomic_store(&ctx->pt_long_sleep, false);
         pthread_mutex_lock(&ctx->lock);
         bool busy = busy_locked(ctx);
-        int timeout = list_empty(&ctx->pending_conns) ? LONG_SLEEP_MS : 100;
+        int timeout = list_empty(&ctx->pending_conns) && !ctx->n_resting ? LONG_SLEEP_MS : 100;
         pthread_mutex_unlock(&ctx->lock);
         if (!busy) {
             struct pollfd wake = {.fd = ctx->wakefd, .events = POLLIN};

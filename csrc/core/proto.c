@@ -288,8 +288,8 @@ static bool on_write(slime_ep_t *ep, const frame_t *h) {
     rx_ctx_t *rx = &ep->rx;
     char why[160];
     uint64_t addr;
-    slime_status_t st = mr_table_acquire(ep->ctx->mr_table, h->a, h->rkey, h->b, h->len, SLIME_ACCESS_REMOTE_WRITE,
-                                         &addr, why, sizeof why);
+    slime_status_t st = mr_own_acquire(ep->ctx, h->a, h->rkey, h->b, h->len, SLIME_ACCESS_REMOTE_WRITE, &addr, why,
+                                       sizeof why);
     if (st != SLIME_OK) {
         rx->status = st;
         snprintf(rx->text, sizeof rx->text, "remote region: %s", why);
@@ -326,8 +326,8 @@ static bool on_read_req(slime_ep_t *ep, const frame_t *h) {
     if (h->len) return false;
     char why[160];
     uint64_t addr;
-    slime_status_t st = mr_table_acquire(ctx->mr_table, h->a, h->rkey, h->b, h->d, SLIME_ACCESS_REMOTE_READ, &addr,
-                                         why, sizeof why);
+    slime_status_t st = mr_own_acquire(ctx, h->a, h->rkey, h->b, h->d, SLIME_ACCESS_REMOTE_READ, &addr, why,
+                                       sizeof why);
     if (st != SLIME_OK) {
         char text[200];
         snprintf(text, sizeof text, "remote region: %s", why);
@@ -336,7 +336,7 @@ static bool on_read_req(slime_ep_t *ep, const frame_t *h) {
     }
     txn_t *t = txn_new(F_READ_RESP, 0);
     if (!t) {
-        mr_table_release(ctx->mr_table, h->a);
+        mr_own_release(ctx, h->a);
         ep_fail(ep, SLIME_ERR_NOMEM, "out of memory");
         return true;
     }
@@ -413,7 +413,7 @@ void proto_on_payload(slime_ep_t *ep) {
         return;
     }
     case SINK_WRITE:
-        mr_table_release(ctx->mr_table, rx->pinned - 1);
+        mr_own_release(ctx, rx->pinned - 1);
         rx->pinned = 0;
         if (h->flags & FF_IMM) proto_deliver_imm(ep, h->u32);
         send_status(ep, F_WRITE_ACK, h->c, SLIME_OK, NULL);

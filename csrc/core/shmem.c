@@ -59,11 +59,12 @@ static slime_status_t block_map(size_t len, shmem_block_t *b) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     if (len > SIZE_MAX - page) return slime_errorf(SLIME_ERR_INVAL, "mem_alloc: %zu bytes is too large", len);
     size_t rounded = (len + page - 1) / page * page;
-    int fd = memfd_create("dlslime-mem", MFD_CLOEXEC);
-    if (fd < 0) return slime_errorf(SLIME_ERR_SYSTEM, "mem_alloc: memfd_create: %s", strerror(errno));
+    int fd;
+    slime_status_t st = memfd_sealed("dlslime-mem", rounded, &fd);
+    if (st != SLIME_OK) return st;
     struct stat sb;
     void *p = MAP_FAILED;
-    if (ftruncate(fd, (off_t)rounded) < 0 || fstat(fd, &sb) < 0 ||
+    if (fstat(fd, &sb) < 0 ||
         (p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
         int e = errno;
         close(fd);

@@ -3,8 +3,15 @@
  * The handshake carries a digest of the token, never the token; the MR
  * descriptor carries a different digest, so a leaked descriptor does not
  * let a stranger pass the handshake.  This keeps strangers and crossed
- * jobs out; it is not meant to stop an eavesdropper on the wire. */
+ * jobs out; it is not meant to stop an eavesdropper on the wire.
+ *
+ * A context given no token makes a random one of its own, never the
+ * empty one (which any local process could present): its address blob
+ * carries the digests, so whoever was given the blob may connect, and
+ * nobody else.  A job's shared token (torch's, published in its store)
+ * never goes into a blob. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -28,6 +35,26 @@ uint64_t token_digest(const char *domain, const void *tok, size_t len) {
     const uint8_t *p = tok;
     for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 0x100000001b3ull;
     return mix(h ^ len);
+}
+
+void token_init(slime_ctx_t *ctx, const void *tok, size_t len) {
+    uint8_t own[32];
+    const char *env = getenv("DLSLIME_TOKEN");
+    if (!tok && env && *env) {
+        tok = env;
+        len = strlen(env);
+    }
+    ctx->own_token = !tok;
+    if (!tok) {
+        for (size_t i = 0; i < sizeof own; i += 8) {
+            uint64_t r = random_u64();
+            memcpy(own + i, &r, 8);
+        }
+        tok = own;
+        len = sizeof own;
+    }
+    ctx->proof = token_digest("dlslime-hello-1", tok, len);
+    ctx->job = token_digest("dlslime-job-1", tok, len);
 }
 
 uint64_t random_u64(void) {

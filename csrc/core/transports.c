@@ -82,6 +82,36 @@ slime_status_t transports_open(slime_ctx_t *ctx, const slime_ctx_opts_t *opts) {
     return SLIME_OK;
 }
 
+/* A listener rests this long when its accept ran out of fds or memory
+ * with no unauthenticated connection left to drop for room: its backlog
+ * stays readable, and level-triggered epoll would wake us at once, again
+ * and again, a core spent for nothing while fds are short.  Dialers wait
+ * in the kernel's backlog meanwhile. */
+#define LISTEN_REST_NS (100ull * 1000000ull)
+
+static void listen_arm(slime_ctx_t *ctx, tp_slot_t *s, uint32_t events) {
+    struct epoll_event ev = {.events = events, .data.ptr = &s->listen};
+    epoll_ctl(ctx->epfd, EPOLL_CTL_MOD, s->tp->listen_fd(s->state), &ev);
+}
+
+void transports_accept(slime_ctx_t *ctx, tp_slot_t *s) {
+    if (s->rest_until || s->tp->accept(ctx, s->state)) return;
+    listen_arm(ctx, s, 0);
+    s->rest_until = now_ns() + LISTEN_REST_NS;
+    ctx->n_resting++;
+}
+
+void transports_wake_listeners(slime_ctx_t *ctx) {
+    uint64_t now = now_ns();
+    for (int id = 0; id < TRANSPORT_MAX; id++) {
+        tp_slot_t *s = &ctx->tps[id];
+        if (!s->rest_until || now < s->rest_until) continue;
+        s->rest_until = 0;
+        ctx->n_resting--;
+        listen_arm(ctx, s, EPOLLIN);
+    }
+}
+
 void transports_close(slime_ctx_t *ctx) {
     size_t n = 0;
     while (slime_transports[n]) n++;

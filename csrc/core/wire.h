@@ -31,7 +31,13 @@ typedef struct wire_addr {
     uint16_t port;
     uint16_t n_hosts;
     uint32_t hosts[WIRE_MAX_HOSTS]; /* IPv4, network byte order */
+    /* ADDR_CAPABILITY: the digests of the context's own random token
+     * (token.c), which a dialer presents; else zero, and the dialer
+     * presents its own (a job's shared token) */
+    uint64_t cap_proof, cap_job;
 } wire_addr_t;
+/* wire_addr_t.flags: the core's bit, above the transports' (ADDR_HAS_*) */
+#define ADDR_CAPABILITY 0x8000u
 
 /* First message on a new connection, dialer -> acceptor. */
 typedef struct wire_hello {
@@ -43,6 +49,7 @@ typedef struct wire_hello {
     uint64_t ctx_id;   /* the dialer */
     uint32_t pid;
     uint32_t pad2;
+    uint64_t job;      /* the dialer's job id: what its descriptors carry */
 } wire_hello_t;
 
 enum { WELCOME_OK = 0, WELCOME_REFUSED = 1, WELCOME_DUPLICATE = 2 };

@@ -112,6 +112,15 @@ slime_status_t rpc_cid_alloc(uint32_t *cid);
 void rpc_cid_free(uint32_t cid);
 
 /* ---- server ---- */
+/* A client endpoint's bulk payloads at the server: the bytes it announced
+ * that have not arrived stay within the server's budget. */
+typedef struct rpc_peer {
+    slime_list_t link;            /* srv->peers */
+    slime_ep_t *ep;
+    uint64_t unreceived;          /* bytes of its bulk receives posted, not complete */
+    uint32_t staged;              /* its calls in srv->staged */
+} rpc_peer_t;
+
 struct slime_rpc_server {
     slime_ctx_t *ctx;
     uint16_t port;
@@ -123,7 +132,10 @@ struct slime_rpc_server {
     slime_list_t posted;          /* rpc_slot_t: the mailbox FIFO */
     size_t n_slots;               /* posted + held by calls */
     uint64_t granted;             /* credits granted so far */
-    slime_list_t staged;          /* calls whose bulk payload is arriving */
+    slime_list_t staged;          /* calls whose bulk payload is arriving, or
+                                     waits for its peer's budget */
+    slime_list_t peers;           /* rpc_peer_t: those with staged calls */
+    uint64_t bulk_budget;         /* DLSLIME_RPC_BULK_BUDGET */
     slime_list_t orphans;         /* hello answers and error replies in flight */
     _Atomic bool closing;
     _Atomic int waiters;          /* threads inside slime_rpc_server_next */
@@ -142,7 +154,9 @@ struct slime_rpc_call {
     uint8_t *data;
     size_t len;
     void *owned;                  /* memory holding data if not the slot's */
-    slime_req_t *bulk_req;        /* the bulk payload arriving */
+    rpc_peer_t *peer;             /* while staged */
+    slime_req_t *bulk_req;        /* the bulk payload arriving; NULL while
+                                     it waits for the peer's budget */
     uint8_t *reply_stage;         /* reply_buffer: header + inline room */
     void *reply_bulk;             /* reply_buffer: a payload sent by bulk */
     size_t reply_cap;

@@ -138,6 +138,112 @@ static void srv_free(slime_rpc_server_t *srv) {
     free(srv);
 }
 
+/* ---- bulk payloads of requests, within each peer's budget ----
+ *
+ * A request announces its bulk payload's size before any of it arrives.
+ * Reserving every announced size at once let a client that never sends
+ * hold the server's memory (16 announcements of 8 GiB: 128 GiB), so the
+ * bytes a peer announced that have not arrived stay within a budget
+ * (DLSLIME_RPC_BULK_BUDGET, 4 GiB by default): a payload that does not
+ * fit waits, unallocated, for the peer's earlier ones to arrive (a peer
+ * with none in flight always has room).  A peer that announces more than
+ * the whole budget at once, or stages more requests than any credits
+ * allow, is disconnected with an error that names it. */
+#define BULK_BUDGET_DEFAULT (4ull << 30)
+#define PEER_STAGED_MAX SLIME_RPC_CREDITS_MAX
+
+/* Under srv->mu: ep's accounting, made on first use; NULL without memory. */
+static rpc_peer_t *peer_get_locked(slime_rpc_server_t *srv, slime_ep_t *ep) {
+    for (slime_list_t *pos = srv->peers.next; pos != &srv->peers; pos = pos->next) {
+        rpc_peer_t *p = container_of(pos, rpc_peer_t, link);
+        if (p->ep == ep) return p;
+    }
+    rpc_peer_t *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->ep = ep;
+    list_push_back(&srv->peers, &p->link);
+    return p;
+}
+
+/* Under srv->mu: call leaves srv->staged, and its bytes (while its
+ * receive is posted) its peer's budget. */
+static void unstage_locked(slime_rpc_call_t *call) {
+    rpc_peer_t *p = call->peer;
+    list_del(&call->link);
+    if (call->bulk_req) p->unreceived -= call->len;
+    if (--p->staged == 0) {
+        list_del(&p->link);
+        free(p);
+    }
+    call->peer = NULL;
+}
+
+/* Under srv->mu: a staged call is dropped (nobody to answer, or told). */
+static void unstage_drop_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
+    unstage_locked(call);
+    slime_req_free(call->bulk_req);
+    call->bulk_req = NULL;
+    srv_unref_locked(srv); /* the server's own reference remains */
+    call_free(call);
+}
+
+/* Under srv->mu: posts the receive of a staged call's payload if its
+ * peer's budget has room (dropping the call, answered, if that fails). */
+static void bulk_admit_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
+    rpc_peer_t *p = call->peer;
+    if (p->unreceived && call->len > srv->bulk_budget - p->unreceived) return; /* later */
+    uint64_t tag = rpc_bulk_tag(RPC_TAG_BULK_REQ, call->cid, call->req_id);
+    call->owned = rpc_mem_alloc(call->len);
+    if (!call->owned || slime_recv(call->ep, call->owned, call->len, tag, &call->bulk_req) != SLIME_OK) {
+        send_error_locked(srv, call->ep, call->cid, call->req_id, "the server cannot take a %zu-byte payload",
+                          call->len);
+        unstage_drop_locked(srv, call);
+        return;
+    }
+    p->unreceived += call->len;
+    call->data = call->owned;
+}
+
+/* Under srv->mu: a request whose payload follows by bulk is staged. */
+static void bulk_stage_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
+    rpc_peer_t *p = peer_get_locked(srv, call->ep);
+    if (!p || call->len > srv->bulk_budget || p->staged >= PEER_STAGED_MAX) {
+        if (!p)
+            send_error_locked(srv, call->ep, call->cid, call->req_id, "the server is out of memory");
+        else if (call->len > srv->bulk_budget)
+            p2p_ep_fail(call->ep, SLIME_ERR_PROTOCOL,
+                        "rpc: a request announced a %zu-byte payload, over the peer's budget of %" PRIu64
+                        " bytes (DLSLIME_RPC_BULK_BUDGET)", call->len, srv->bulk_budget);
+        else
+            p2p_ep_fail(call->ep, SLIME_ERR_PROTOCOL,
+                        "rpc: %u requests with bulk payloads staged at once, more than any credits allow",
+                        p->staged + 1);
+        if (p && !p->staged) {
+            list_del(&p->link);
+            free(p);
+        }
+        srv_unref_locked(srv);
+        call_free(call);
+        return;
+    }
+    call->peer = p;
+    p->staged++;
+    list_push_back(&srv->staged, &call->link);
+    bulk_admit_locked(srv, call);
+}
+
+/* Under srv->mu: staged calls waiting for budget get it where it freed
+ * up; those of a peer gone meanwhile are dropped. */
+static void bulk_admit_waiting_locked(slime_rpc_server_t *srv) {
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->staged) {
+        slime_rpc_call_t *call = container_of(pos, slime_rpc_call_t, link);
+        if (call->bulk_req) continue;
+        if (slime_ep_status(call->ep) != SLIME_OK) unstage_drop_locked(srv, call);
+        else bulk_admit_locked(srv, call);
+    }
+}
+
 /* Under srv->mu: a completed slot from the mailbox's head.  Returns a
  * call to hand out, or NULL when the slot was handled here. */
 static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *slot) {
@@ -192,17 +298,8 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
         return call;
     }
     /* the payload follows by bulk: its slot can go back at once */
-    uint64_t tag = rpc_bulk_tag(RPC_TAG_BULK_REQ, h->cid, h->req_id);
-    call->owned = rpc_mem_alloc(call->len);
     slot_repost_locked(srv, slot);
-    if (!call->owned || slime_recv(ep, call->owned, call->len, tag, &call->bulk_req) != SLIME_OK) {
-        send_error_locked(srv, ep, call->cid, call->req_id, "the server cannot take a %zu-byte payload", call->len);
-        srv_unref_locked(srv); /* the server's own reference remains */
-        call_free(call);
-        return NULL;
-    }
-    call->data = call->owned;
-    list_push_back(&srv->staged, &call->link);
+    bulk_stage_locked(srv, call);
     return NULL;
 }
 
@@ -211,14 +308,15 @@ static slime_rpc_call_t *take_staged_locked(slime_rpc_server_t *srv) {
     slime_list_t *pos, *tmp;
     list_for_each_safe(pos, tmp, &srv->staged) {
         slime_rpc_call_t *call = container_of(pos, slime_rpc_call_t, link);
-        if (!req_done(call->bulk_req)) continue;
-        list_del(&call->link);
-        slime_status_t st = atomic_load(&call->bulk_req->state);
+        if (!call->bulk_req || !req_done(call->bulk_req)) continue;
+        if (atomic_load(&call->bulk_req->state) != SLIME_OK) {
+            unstage_drop_locked(srv, call); /* the client is gone: nobody to answer */
+            continue;
+        }
+        unstage_locked(call);
         slime_req_free(call->bulk_req);
         call->bulk_req = NULL;
-        if (st == SLIME_OK) return call;
-        srv_unref_locked(srv); /* the client is gone: nobody to answer */
-        call_free(call);
+        return call;
     }
     return NULL;
 }
@@ -236,7 +334,8 @@ static bool server_ready(void *arg) {
     bool ready = head_done_locked(srv);
     slime_list_t *pos;
     for (pos = srv->staged.next; !ready && pos != &srv->staged; pos = pos->next)
-        ready = req_done(container_of(pos, slime_rpc_call_t, link)->bulk_req);
+        ready = container_of(pos, slime_rpc_call_t, link)->bulk_req &&
+                req_done(container_of(pos, slime_rpc_call_t, link)->bulk_req);
     pthread_mutex_unlock(&srv->mu);
     return ready;
 }
@@ -274,7 +373,9 @@ slime_status_t slime_rpc_server_create(slime_ctx_t *ctx, uint16_t port, uint64_t
     pthread_mutex_init(&srv->mu, NULL);
     list_init(&srv->posted);
     list_init(&srv->staged);
+    list_init(&srv->peers);
     list_init(&srv->orphans);
+    srv->bulk_budget = env_size("DLSLIME_RPC_BULK_BUDGET", BULK_BUDGET_DEFAULT);
     atomic_init(&srv->closing, false);
     atomic_init(&srv->waiters, 0);
     srv->refs = 1;
@@ -323,6 +424,7 @@ slime_status_t slime_rpc_server_next(slime_rpc_server_t *srv, int64_t timeout_ms
             break;
         }
         rpc_orphans_reap(&srv->orphans, false);
+        bulk_admit_waiting_locked(srv);
         slime_rpc_call_t *call = take_staged_locked(srv);
         while (!call && head_done_locked(srv)) {
             rpc_slot_t *head = list_first(&srv->posted, rpc_slot_t, link);
@@ -368,7 +470,7 @@ void slime_rpc_server_shutdown(slime_rpc_server_t *srv) {
     }
     list_for_each_safe(pos, tmp, &srv->staged) {
         slime_rpc_call_t *call = container_of(pos, slime_rpc_call_t, link);
-        list_del(&call->link);
+        unstage_locked(call);
         /* a receive still posted is canceled; one moving data completes
          * into call->owned, so that memory goes with the orphans */
         slime_req_t *r = call->bulk_req;

@@ -55,8 +55,8 @@ static int shm_reach(const slime_ctx_t *ctx, const void *state, const wire_addr_
 
 static int shm_listen_fd(const void *state) { return ((const shm_ctx_t *)state)->listen_fd; }
 
-static void shm_accept(slime_ctx_t *ctx, void *state) {
-    sock_accept_pending(ctx, shm_listen_fd(state), WIRE_TRANSPORT_SHM, NULL);
+static bool shm_accept(slime_ctx_t *ctx, void *state) {
+    return sock_accept_pending(ctx, shm_listen_fd(state), WIRE_TRANSPORT_SHM, NULL);
 }
 
 int shm_peer_pid(int sock) {
@@ -70,16 +70,18 @@ void *shm_map(int fd, size_t len) {
     return p == MAP_FAILED ? NULL : p;
 }
 
-shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, mr_shared_t *peer, bool dialer) {
+shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, uint64_t ring, mr_shared_t *peer, bool dialer) {
     shm_conn_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     seg_hdr_t *h = (seg_hdr_t *)seg;
     c->sock = sock;
     c->seg = seg;
     c->seg_len = seg_len;
-    c->size = h->ring_size;
-    c->chunk = env_size("DLSLIME_SHM_CHUNK", 256 * 1024);
-    uint8_t *d0 = seg + SEG_HDR, *d1 = d0 + h->ring_size;
+    c->size = ring;
+    /* no larger than the ring: a copy wraps around it at most once, even
+     * where the peer has scribbled over the ring's head and tail */
+    c->chunk = min_sz(env_size("DLSLIME_SHM_CHUNK", 256 * 1024), ring);
+    uint8_t *d0 = seg + SEG_HDR, *d1 = d0 + ring;
     c->tx = &h->ring[dialer ? 0 : 1];
     c->rx = &h->ring[dialer ? 1 : 0];
     c->txd = dialer ? d0 : d1;

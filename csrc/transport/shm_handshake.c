@@ -3,7 +3,9 @@
  * named after its context id; the hello carries the segment's fd and the
  * dialer's MR table fd, the welcome the acceptor's MR table fd (none with
  * a refusal).  The socket stays: doorbells, and a hang-up when the peer
- * process dies. */
+ * process dies.  What comes from the peer is untrusted: its memfds are
+ * mapped only if sealed against resizing (core/memfd.c), and the sizes in
+ * its segment's header are read once, bounded, then kept privately. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -114,14 +116,16 @@ static slime_status_t dial_socket(uint64_t peer_id, int *out) {
     return SLIME_OK;
 }
 
-/* The segment of the two rings, in a memfd the acceptor maps too. */
+/* The segment of the two rings, in a sealed memfd the acceptor maps too. */
 static slime_status_t seg_create(uint64_t ring, int *fd_out, uint8_t **out) {
     size_t len = shm_seg_size(ring);
-    uint8_t *seg = NULL;
-    int fd = memfd_create("dlslime-ring", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, (off_t)len) < 0 || !(seg = shm_map(fd, len))) {
-        slime_status_t st = slime_errorf(SLIME_ERR_SYSTEM, "shm segment of %zu bytes: %s", len, strerror(errno));
-        if (fd >= 0) close(fd);
+    int fd;
+    slime_status_t st = memfd_sealed("dlslime-ring", len, &fd);
+    if (st != SLIME_OK) return st;
+    uint8_t *seg = shm_map(fd, len);
+    if (!seg) {
+        st = slime_errorf(SLIME_ERR_SYSTEM, "shm segment of %zu bytes: %s", len, strerror(errno));
+        close(fd);
         return st;
     }
     seg_hdr_t *h = (seg_hdr_t *)seg;
@@ -132,11 +136,60 @@ static slime_status_t seg_create(uint64_t ring, int *fd_out, uint8_t **out) {
     return SLIME_OK;
 }
 
+/* The peer's MR table from the fd it passed: a sealed memfd large enough
+ * for the table, with the table's magic; NULL, and why, otherwise. */
+static mr_shared_t *peer_table_map(int fd, char *why, size_t whylen) {
+    char fdwhy[48];
+    size_t len;
+    mr_shared_t *pt = NULL;
+    if (fd < 0) snprintf(why, whylen, "no MR table");
+    else if (!memfd_check(fd, &len, fdwhy, sizeof fdwhy)) snprintf(why, whylen, "MR table: %s", fdwhy);
+    else if (len < sizeof *pt) snprintf(why, whylen, "MR table of %zu bytes", len);
+    else if (!(pt = shm_map(fd, sizeof *pt))) snprintf(why, whylen, "MR table: mmap: %s", strerror(errno));
+    else if (shm_read_once(&pt->magic) != MR_TABLE_MAGIC) {
+        snprintf(why, whylen, "MR table has a bad magic");
+        munmap(pt, sizeof *pt);
+        pt = NULL;
+    }
+    return pt;
+}
+
+/* The dialer's segment: a sealed memfd whose header's ring size (read
+ * once, into *ring) fits it exactly; NULL, and why, otherwise. */
+static uint8_t *peer_segment_map(int fd, size_t *len, uint64_t *ring, char *why, size_t whylen) {
+    char fdwhy[48];
+    if (!memfd_check(fd, len, fdwhy, sizeof fdwhy)) {
+        snprintf(why, whylen, "ring segment: %s", fdwhy);
+        return NULL;
+    }
+    if (*len < shm_seg_size(RING_MIN) || *len > shm_seg_size(RING_MAX)) {
+        snprintf(why, whylen, "ring segment of %zu bytes", *len);
+        return NULL;
+    }
+    uint8_t *seg = shm_map(fd, *len);
+    if (!seg) {
+        snprintf(why, whylen, "ring segment: mmap: %s", strerror(errno));
+        return NULL;
+    }
+    seg_hdr_t *h = (seg_hdr_t *)seg;
+    uint64_t magic = shm_read_once(&h->magic), r = shm_read_once(&h->ring_size);
+    /* bounded first, so the size computed from it cannot wrap */
+    if (magic != SEG_MAGIC || r < RING_MIN || r > RING_MAX || shm_seg_size(r) != *len) {
+        snprintf(why, whylen, magic != SEG_MAGIC ? "ring segment has a bad magic" : "ring size %" PRIu64 " for %zu bytes",
+                 r, *len);
+        munmap(seg, *len);
+        return NULL;
+    }
+    *ring = r;
+    return seg;
+}
+
 /* The dialer's connection, once welcomed with the acceptor's MR table. */
-static slime_status_t dialer_conn(int sock, uint8_t *seg, size_t len, int peerfd, void **conn) {
-    mr_shared_t *pt = peerfd >= 0 ? shm_map(peerfd, sizeof(mr_shared_t)) : NULL;
-    if (!pt) return slime_errorf(SLIME_ERR_PROTOCOL, "handshake: peer sent no usable MR table");
-    if (!(*conn = shm_conn_new(sock, seg, len, pt, true))) {
+static slime_status_t dialer_conn(int sock, uint8_t *seg, size_t len, uint64_t ring, int peerfd, void **conn) {
+    char why[80];
+    mr_shared_t *pt = peer_table_map(peerfd, why, sizeof why);
+    if (!pt) return slime_errorf(SLIME_ERR_PROTOCOL, "shm handshake: the acceptor's %s", why);
+    if (!(*conn = shm_conn_new(sock, seg, len, ring, pt, true))) {
         munmap(pt, sizeof(mr_shared_t));
         return slime_errorf(SLIME_ERR_NOMEM, "shm conn");
     }
@@ -152,6 +205,9 @@ slime_status_t shm_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t dead
      * as it goes; measured sendrecv 16 MiB 4.7 -> 7.3 GB/s, 64 MiB 5.1 ->
      * 6.3 (1 MiB ring, 128 KiB chunks before) */
     uint64_t ring = env_size("DLSLIME_SHM_RING", 4u << 20);
+    if (ring < RING_MIN || ring > RING_MAX)
+        return slime_errorf(SLIME_ERR_INVAL, "DLSLIME_SHM_RING=%" PRIu64 ": a ring is %llu bytes to %llu", ring, RING_MIN,
+                            RING_MAX);
     size_t len = shm_seg_size(ring);
     uint8_t *seg = NULL;
     int sock = -1, segfd = -1, peerfd = -1;
@@ -159,14 +215,14 @@ slime_status_t shm_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t dead
     if (st != SLIME_OK) return st;
     if ((st = seg_create(ring, &segfd, &seg)) == SLIME_OK) {
         wire_hello_t hello;
-        hello_fill(ctx, WIRE_TRANSPORT_SHM, &hello);
+        hello_fill(ctx, peer, WIRE_TRANSPORT_SHM, &hello);
         int fds[2] = {segfd, ctx->mr_fd};
         st = send_with_fds(sock, &hello, sizeof hello, fds, 2, deadline);
     }
     if (st == SLIME_OK) st = recv_with_fds(sock, w, sizeof *w, &peerfd, 0, 1, deadline);
     /* refused or duplicate: SLIME_OK without a conn, the caller reads the verdict */
     if (st == SLIME_OK && w->magic == WIRE_WELCOME_MAGIC && w->verdict == WELCOME_OK &&
-        (st = dialer_conn(sock, seg, len, peerfd, conn)) == SLIME_OK) {
+        (st = dialer_conn(sock, seg, len, ring, peerfd, conn)) == SLIME_OK) {
         *fd_out = sock; /* the conn owns it, and seg */
         sock = -1;
         seg = NULL;
@@ -188,20 +244,28 @@ int shm_read_hello(slime_ctx_t *ctx, pending_conn_t *pc) {
     return 1;
 }
 
+/* Refuses the dialer's shared memory: tells it why, naming it, as the
+ * error does (a peer that lies about its segment is not a stranger). */
+static slime_status_t refuse_memory(pending_conn_t *pc, const wire_welcome_t *w, const char *why) {
+    wire_welcome_t r = *w;
+    r.verdict = WELCOME_REFUSED;
+    snprintf(r.reason, sizeof r.reason, "shm peer %016" PRIx64 ": %.68s", pc->hello.ctx_id, why);
+    (void)send_with_fds(pc->fd, &r, sizeof r, NULL, 0, now_ns() + 1000000000ull);
+    return slime_errorf(SLIME_ERR_PROTOCOL, "shm handshake: peer %016" PRIx64 " (pid %u): %s", pc->hello.ctx_id,
+                        pc->peer_pid, why);
+}
+
 slime_status_t shm_send_welcome(slime_ctx_t *ctx, pending_conn_t *pc, const wire_welcome_t *w, void **conn) {
     if (!conn) return send_with_fds(pc->fd, w, sizeof *w, NULL, 0, now_ns() + 1000000000ull);
-    off_t end = lseek(pc->xfd[0], 0, SEEK_END);
-    size_t len = end > 0 ? (size_t)end : 0;
-    uint8_t *seg = len > SEG_HDR ? shm_map(pc->xfd[0], len) : NULL;
-    mr_shared_t *pt = shm_map(pc->xfd[1], sizeof(mr_shared_t));
-    seg_hdr_t *h = (seg_hdr_t *)seg;
-    if (!seg || !pt || h->magic != SEG_MAGIC || shm_seg_size(h->ring_size) != len || pt->magic != MR_TABLE_MAGIC) {
-        if (seg) munmap(seg, len);
-        if (pt) munmap(pt, sizeof(mr_shared_t));
-        return slime_errorf(SLIME_ERR_PROTOCOL, "shm handshake: bad segment from peer");
-    }
+    char why[80];
+    size_t len = 0;
+    uint64_t ring = 0;
+    mr_shared_t *pt = NULL;
+    uint8_t *seg = peer_segment_map(pc->xfd[0], &len, &ring, why, sizeof why);
+    if (seg && !(pt = peer_table_map(pc->xfd[1], why, sizeof why))) munmap(seg, len);
+    if (!pt) return refuse_memory(pc, w, why);
     slime_status_t st = send_with_fds(pc->fd, w, sizeof *w, &ctx->mr_fd, 1, now_ns() + 1000000000ull);
-    if (st == SLIME_OK && !(*conn = shm_conn_new(pc->fd, seg, len, pt, false)))
+    if (st == SLIME_OK && !(*conn = shm_conn_new(pc->fd, seg, len, ring, pt, false)))
         st = slime_errorf(SLIME_ERR_NOMEM, "shm conn");
     if (st != SLIME_OK) {
         munmap(seg, len);

@@ -14,6 +14,10 @@
 
 #define SEG_MAGIC 0x534c494d45534547ull
 #define SEG_HDR 4096
+/* The ring sizes a segment may have (DLSLIME_SHM_RING, or a dialer's
+ * header): bounded, so that the segment's size cannot overflow. */
+#define RING_MIN 4096ull
+#define RING_MAX (1ull << 32)
 
 typedef struct ring {
     _Alignas(64) _Atomic uint64_t tail;       /* producer's */
@@ -56,10 +60,15 @@ typedef struct shm_conn {
 int shm_peer_pid(int sock);
 /* fd mapped shared, read-write; NULL on failure. */
 void *shm_map(int fd, size_t len);
+/* For a ring between RING_MIN and RING_MAX. */
 static inline size_t shm_seg_size(uint64_t ring) { return SEG_HDR + 2 * ring; }
-/* A connection over the mapped segment seg and the peer's MR table:
- * owns sock, seg and peer from then on; NULL when out of memory. */
-shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, mr_shared_t *peer, bool dialer);
+/* A field of memory the peer may write at any time, read exactly once:
+ * what is checked is what is used. */
+static inline uint64_t shm_read_once(const uint64_t *p) { return *(const volatile uint64_t *)p; }
+/* A connection over the mapped segment seg, of two rings of ring bytes
+ * (checked, and never read again from the segment), and the peer's MR
+ * table: owns sock, seg and peer from then on; NULL when out of memory. */
+shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, uint64_t ring, mr_shared_t *peer, bool dialer);
 
 /* shm_handshake.c */
 slime_status_t shm_listen(uint64_t ctx_id, int *fd);

@@ -66,28 +66,48 @@ void peermap_free(peermap_t *m) {
     free(m);
 }
 
-/* Maps e's block into slot s; false (s left free) when it cannot be. */
-static bool map_block(peermap_t *m, const mr_entry_t *e, mapping_t *s) {
+/* A peer's table entry's block fields, read once: the peer may rewrite
+ * its table at any time, so what is checked must be what is used. */
+typedef struct block_ref {
+    int32_t fd;
+    uint64_t ino, base, len;
+} block_ref_t;
+
+static block_ref_t block_ref(const mr_entry_t *e) {
+    const volatile mr_entry_t *v = e;
+    return (block_ref_t){.fd = v->block_fd, .ino = v->block_ino, .base = v->block_base, .len = v->block_len};
+}
+
+/* Maps block b into slot s; false (s left free) when it cannot be.  Only
+ * a memfd sealed against shrinking is mapped (a shrink would fault our
+ * copies); any other is left to CMA, which the kernel checks. */
+static bool map_block(peermap_t *m, const block_ref_t *b, mapping_t *s) {
     if (m->pidfd < 0) {
         m->pidfd = (int)syscall(SYS_pidfd_open, m->peer_pid, 0);
         if (m->pidfd < 0) { m->disabled = true; return false; }
     }
-    int fd = (int)syscall(SYS_pidfd_getfd, m->pidfd, e->block_fd, 0);
+    int fd = (int)syscall(SYS_pidfd_getfd, m->pidfd, b->fd, 0);
     if (fd < 0) {
         if (errno == EPERM || errno == ENOSYS || errno == EACCES) m->disabled = true;
         return false;
     }
     struct stat sb;
-    bool ok = fstat(fd, &sb) == 0 && (uint64_t)sb.st_ino == e->block_ino && (uint64_t)sb.st_size >= e->block_len;
-    void *p = ok ? mmap(NULL, e->block_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    size_t len;
+    char why[48];
+    bool ok = b->len > 0 && memfd_check(fd, &len, why, sizeof why) && len >= b->len &&
+              fstat(fd, &sb) == 0 && (uint64_t)sb.st_ino == b->ino;
+    void *p = ok ? mmap(NULL, b->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     close(fd);
     if (p == MAP_FAILED) return false;
-    *s = (mapping_t){.ino = e->block_ino, .map = p, .len = e->block_len, .owner_base = e->block_base};
+    *s = (mapping_t){.ino = b->ino, .map = p, .len = b->len, .owner_base = b->base};
     return true;
 }
 
-uint8_t *peermap_lookup(peermap_t *m, const mr_entry_t *e, uint64_t raddr) {
-    if (!m || m->disabled || e->block_fd < 0) return NULL;
+uint8_t *peermap_lookup(peermap_t *m, const mr_entry_t *e, uint64_t raddr, uint64_t len) {
+    block_ref_t b = block_ref(e);
+    if (!m || m->disabled || b.fd < 0) return NULL;
+    /* all of [raddr, +len) inside the block, or CMA serves it */
+    if (raddr < b.base || len > b.len || raddr - b.base > b.len - len) return NULL;
     uint64_t frees = atomic_load(&m->peer_table->mem_frees);
     if (frees != m->seen_frees) {
         for (int i = 0; i < PEERMAP_SLOTS; i++) unmap_slot(&m->slots[i]);
@@ -96,12 +116,12 @@ uint8_t *peermap_lookup(peermap_t *m, const mr_entry_t *e, uint64_t raddr) {
     mapping_t *hit = NULL, *victim = &m->slots[0];
     for (int i = 0; i < PEERMAP_SLOTS; i++) {
         mapping_t *s = &m->slots[i];
-        if (s->ino == e->block_ino && s->owner_base == e->block_base && s->len == e->block_len) { hit = s; break; }
+        if (s->ino == b.ino && s->owner_base == b.base && s->len == b.len) { hit = s; break; }
         if (!s->ino || (victim->ino && s->used < victim->used)) victim = s;
     }
     if (!hit) {
         unmap_slot(victim);
-        if (!map_block(m, e, victim)) return NULL;
+        if (!map_block(m, &b, victim)) return NULL;
         hit = victim;
     }
     hit->used = ++m->tick;

@@ -11,10 +11,11 @@ typedef struct peermap peermap_t;
 peermap_t *peermap_new(int peer_pid, const mr_shared_t *peer_table);
 void peermap_free(peermap_t *m);
 
-/* Where the owner address raddr of the pinned entry e lies in this
+/* Where the owner range [raddr, +len) of the pinned entry e lies in this
  * process, mapping e's block on first use; NULL when e is not in a
- * shared block or the block cannot be mapped (CMA serves it then).
+ * shared block, the range is not all inside it, or the block cannot be
+ * mapped (CMA serves it then).
  * Called by one thread at a time (the progress lock). */
-uint8_t *peermap_lookup(peermap_t *m, const mr_entry_t *e, uint64_t raddr);
+uint8_t *peermap_lookup(peermap_t *m, const mr_entry_t *e, uint64_t raddr, uint64_t len);
 
 #endif

@@ -91,7 +91,7 @@ static void rma_coalesce(slime_ep_t *ep, slime_req_t *head) {
         if (mr_table_acquire(c->peer, q->r_handle, q->r_rkey, q->r_off, q->len, access, &raddr, why,
                              sizeof why) != SLIME_OK)
             break;
-        if (peermap_lookup(c->map, &c->peer->slots[(uint32_t)(q->r_handle >> 32)], raddr)) {
+        if (peermap_lookup(c->map, &c->peer->slots[(uint32_t)(q->r_handle >> 32)], raddr, q->len)) {
             mr_table_release(c->peer, q->r_handle); /* memcpy serves it */
             break;
         }
@@ -127,7 +127,7 @@ slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max) {
             req_complete(req, st, "remote region: %s", why);
             return st;
         }
-        j.mapped = peermap_lookup(c->map, &c->peer->slots[(uint32_t)(req->r_handle >> 32)], j.raddr);
+        j.mapped = peermap_lookup(c->map, &c->peer->slots[(uint32_t)(req->r_handle >> 32)], j.raddr, k);
         if (!j.mapped && req->done == 0 && req->len > c->cma_max) {
             mr_table_release(c->peer, req->r_handle);
             return SLIME_ERR_UNSUPPORTED; /* by the rings, see CMA_MAX */

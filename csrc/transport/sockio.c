@@ -121,11 +121,18 @@ uint64_t sock_try_deadline(uint64_t deadline, int i, int n) {
     return now + slice;
 }
 
-void sock_accept_pending(slime_ctx_t *ctx, int lfd, int transport, void (*tune)(int fd)) {
+bool sock_accept_pending(slime_ctx_t *ctx, int lfd, int transport, void (*tune)(int fd)) {
     for (int i = 0; i < 64; i++) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) return; /* EAGAIN, or a connection that died already */
+        if (fd < 0) {
+            bool starved = errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM;
+            if (!starved) return true; /* EAGAIN, or a connection that died already */
+            /* room for one connection and the fds a hello brings (shm: 2) */
+            if (!pending_conn_evict(ctx, 3)) return false;
+            continue;
+        }
         if (tune) tune(fd);
         pending_conn_add(ctx, fd, transport);
     }
+    return true;
 }

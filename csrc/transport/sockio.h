@@ -31,8 +31,10 @@ struct wire_addr;
 int sock_peer_hosts(const struct slime_ctx *ctx, const struct wire_addr *peer,
                     uint32_t order[]);
 /* Accepts what the listening socket lfd has and hands each fd to
- * pending_conn_add for transport (a wire id), after tune if set. */
-void sock_accept_pending(struct slime_ctx *ctx, int lfd, int transport, void (*tune)(int fd));
+ * pending_conn_add for transport (a wire id), after tune if set.  Out of
+ * fds, it drops the oldest unauthenticated connections for room; false
+ * when there are none and connections still wait (transport_ops_t.accept). */
+bool sock_accept_pending(struct slime_ctx *ctx, int lfd, int transport, void (*tune)(int fd));
 /* The deadline for try i of n: an equal share of what is left, but at
  * least a second (or all of it). */
 uint64_t sock_try_deadline(uint64_t deadline, int i, int n);

@@ -129,17 +129,17 @@ static int tcp_reach(const slime_ctx_t *ctx, const void *state, const wire_addr_
 
 static int tcp_listen_fd(const void *state) { return ((const tcp_ctx_t *)state)->listen_fd; }
 
-static void tcp_accept(slime_ctx_t *ctx, void *state) {
-    sock_accept_pending(ctx, tcp_listen_fd(state), WIRE_TRANSPORT_TCP, sock_tune_tcp);
+static bool tcp_accept(slime_ctx_t *ctx, void *state) {
+    return sock_accept_pending(ctx, tcp_listen_fd(state), WIRE_TRANSPORT_TCP, sock_tune_tcp);
 }
 
-static slime_status_t dial_one(slime_ctx_t *ctx, uint32_t host, uint16_t port,
-                               uint64_t deadline, int *fd_out, wire_welcome_t *w) {
+static slime_status_t dial_one(slime_ctx_t *ctx, const wire_addr_t *peer, uint32_t host, uint64_t deadline,
+                               int *fd_out, wire_welcome_t *w) {
     int fd;
-    slime_status_t st = sock_connect_tcp("tcp", host, port, deadline, &fd);
+    slime_status_t st = sock_connect_tcp("tcp", host, peer->port, deadline, &fd);
     if (st != SLIME_OK) return st;
     wire_hello_t h;
-    hello_fill(ctx, WIRE_TRANSPORT_TCP, &h);
+    hello_fill(ctx, peer, WIRE_TRANSPORT_TCP, &h);
     struct iovec iov = {.iov_base = &h, .iov_len = sizeof h};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
     if ((st = sock_sendmsg_all(fd, &msg, deadline)) != SLIME_OK ||
@@ -160,7 +160,7 @@ static slime_status_t tcp_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64
     int n = sock_peer_hosts(ctx, peer, order);
     slime_status_t st = SLIME_ERR_PEER_LOST;
     for (int i = 0; i < n && now_ns() < deadline; i++) {
-        st = dial_one(ctx, order[i], peer->port, sock_try_deadline(deadline, i, n), fd, w);
+        st = dial_one(ctx, peer, order[i], sock_try_deadline(deadline, i, n), fd, w);
         if (st == SLIME_OK) {
             if (!(*conn = tcp_conn_new(*fd))) { close(*fd); return slime_errorf(SLIME_ERR_NOMEM, "tcp conn"); }
             return SLIME_OK;

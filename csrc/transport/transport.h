@@ -69,9 +69,11 @@ typedef struct transport_ops {
     /* How it reaches the peer at *peer: TP_REACH_*. */
     int (*reach)(const slime_ctx_t *ctx, const void *state, const wire_addr_t *peer);
     /* Optional: an fd the core watches for incoming connections, and
-     * what to do when it is readable (hand each to pending_conn_add). */
+     * what to do when it is readable (hand each to pending_conn_add):
+     * false when connections still wait but fds or memory ran out, and
+     * the core should stop listening a while. */
     int (*listen_fd)(const void *state);
-    void (*accept)(slime_ctx_t *ctx, void *state);
+    bool (*accept)(slime_ctx_t *ctx, void *state);
     /* Optional: its share of a slime_ctx_counter. */
     uint64_t (*counter)(const void *state, slime_counter_t which);
 

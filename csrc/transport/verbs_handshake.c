@@ -23,10 +23,10 @@
 #include "transport/verbs_internal.h"
 
 /* The hello + our info on a connected socket, then the welcome. */
-static slime_status_t greet(slime_ctx_t *ctx, int fd, const wire_verbs_info_t *mine, uint64_t deadline,
-                            wire_welcome_t *w) {
+static slime_status_t greet(slime_ctx_t *ctx, const wire_addr_t *peer, int fd, const wire_verbs_info_t *mine,
+                            uint64_t deadline, wire_welcome_t *w) {
     wire_hello_t h;
-    hello_fill(ctx, WIRE_TRANSPORT_VERBS, &h);
+    hello_fill(ctx, peer, WIRE_TRANSPORT_VERBS, &h);
     struct iovec iov[2] = {{.iov_base = &h, .iov_len = sizeof h},
                            {.iov_base = (void *)mine, .iov_len = sizeof *mine}};
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
@@ -51,7 +51,7 @@ slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t de
     for (int i = 0; i < n && now_ns() < deadline; i++) {
         uint64_t until = sock_try_deadline(deadline, i, n);
         st = sock_connect_tcp("verbs: tcp", order[i], peer->port, until, &fd);
-        if (st == SLIME_OK && (st = greet(ctx, fd, &mine, until, w)) != SLIME_OK) {
+        if (st == SLIME_OK && (st = greet(ctx, peer, fd, &mine, until, w)) != SLIME_OK) {
             close(fd);
             fd = -1;
         }

@@ -44,7 +44,7 @@ extern "C" {
 #define SLIME_VERSION_MAJOR 0
 #define SLIME_VERSION_MINOR 1
 /* Wire version: peers with a different one are refused at the handshake. */
-#define SLIME_WIRE_VERSION 1
+#define SLIME_WIRE_VERSION 2
 
 #if defined(__GNUC__)
 #define SLIME_API __attribute__((visibility("default")))
@@ -110,7 +110,9 @@ typedef struct slime_ctx_opts {
     const char *tcp_host;
     uint16_t tcp_port;           /* 0: an ephemeral port */
     /* Per-job secret.  Peers must present the same bytes at the
-     * handshake.  NULL: $DLSLIME_TOKEN, else the empty token. */
+     * handshake.  NULL: $DLSLIME_TOKEN, else a random token of this
+     * context's own, which its address blob carries: whoever holds the
+     * blob may connect (the blob is the capability). */
     const void *token;
     size_t token_len;
 } slime_ctx_opts_t;
@@ -133,8 +135,10 @@ SLIME_API void slime_ctx_destroy(slime_ctx_t *ctx);
 
 /* Writes the context's address blob (how peers reach it) into buf.
  * *len: in, the capacity of buf; out, the blob's length.  With buf NULL
- * or too small, sets *len and returns SLIME_ERR_INVAL.  The blob holds no
- * secret. SLIME_ADDRESS_MAX bounds its size. */
+ * or too small, sets *len and returns SLIME_ERR_INVAL.  The blob of a
+ * context made without a token is what lets a peer in (it carries the
+ * digests of the context's own random token): give it only to peers;
+ * other blobs hold no secret.  SLIME_ADDRESS_MAX bounds its size. */
 #define SLIME_ADDRESS_MAX 512
 SLIME_API slime_status_t slime_ctx_address(slime_ctx_t *ctx, void *buf,
                                            size_t *len);

@@ -72,6 +72,9 @@ typedef struct slime_rpc_opts {
      * credits granted, up to this; beyond it requests still arrive, by
      * the core's bounded unexpected-message path). */
     uint32_t max_slots;
+    /* (Server, from the environment: DLSLIME_RPC_BULK_BUDGET, 4 GiB by
+     * default, bounds the bulk payload bytes one client has announced
+     * and not yet sent; see server.c.) */
 } slime_rpc_opts_t;
 
 /* Defaults: 64 KiB slots, 16 credits, 1024 slots at most. */

@@ -1,0 +1,83 @@
+"""The process under attack, and the genuine peer that checks it still
+serves.  The target runs in its own process (c_peer.Peer), so a crash
+there fails the test with its exit status instead of killing pytest.
+"""
+
+import os
+import resource
+
+import numpy as np
+
+from c_peer import CONNECT_TIMEOUT_MS, assert_bytes_equal, pattern
+from dlslime_torch import _C
+
+from rogue import TOKEN
+
+WAIT_MS = 10000
+ECHO_BYTES = 4096
+
+
+def rss_kib():
+    """This process's resident set now (from /proc, not the peak)."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * resource.getpagesize() // 1024
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def limit_fds(headroom):
+    """From now on this process may open only headroom more fds."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_fds() + headroom, hard))
+
+
+def target(link, transport, fd_headroom=None, token=TOKEN):
+    """A context with the suite's token; on ("serve", id) it accepts
+    peers until the one with context id, and echoes one message to it
+    (a rogue it welcomed may come first); "rss" answers its resident set in KiB;
+    ("fds", n) lets it open n more fds (fd_headroom at the start).  With
+    token None, the context is made without one."""
+    ctx = _C.Context(transport=transport, token=token)
+    if fd_headroom is not None:
+        limit_fds(fd_headroom)
+    link.put(ctx.address())
+    while True:
+        cmd = link.get()
+        if cmd == "bye":
+            return None
+        if cmd == "rss":
+            link.put(rss_kib())
+            continue
+        if isinstance(cmd, tuple) and cmd[0] == "fds":
+            limit_fds(cmd[1])
+            continue
+        ep = ctx.accept(timeout_ms=CONNECT_TIMEOUT_MS)
+        while ep.peer_id != cmd[1]:
+            ep = ctx.accept(timeout_ms=CONNECT_TIMEOUT_MS)
+        buf = np.zeros(ECHO_BYTES, dtype=np.uint8)
+        ep.recv(buf, tag=1).wait(timeout_ms=WAIT_MS)
+        ep.send(buf, tag=2).wait(timeout_ms=WAIT_MS)
+        link.put("served")
+
+
+def assert_serves(peer, address, transport, token=TOKEN):
+    """A genuine peer (with token; None: without one, given the target's
+    address) connects to the target and gets its echo back."""
+    peer.proc.join(0.5)  # a crash the attack caused shows by now
+    assert peer.proc.is_alive(), f"the target died (exit code {peer.proc.exitcode})"
+    ctx = _C.Context(transport=transport, token=token)
+    peer.put(("serve", ctx.id))
+    try:
+        ep = ctx.connect(address, timeout_ms=CONNECT_TIMEOUT_MS)
+        data = pattern(ECHO_BYTES, 7)
+        back = np.zeros(ECHO_BYTES, dtype=np.uint8)
+        r = ep.recv(back, tag=2)
+        ep.send(data, tag=1).wait(timeout_ms=WAIT_MS)
+        r.wait(timeout_ms=WAIT_MS)
+        assert_bytes_equal(back, data, "echo from the target")
+        assert peer.get() == "served"
+    finally:
+        ctx.close()
