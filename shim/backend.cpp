@@ -187,6 +187,26 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::post_collective(
   return work;
 }
 
+c10::intrusive_ptr<c10d::Work> BackendDlslime::post_collectives(
+    WorkSpec spec, std::chrono::milliseconds op_timeout,
+    const std::vector<Issue>& issues) {
+  // A communicator runs its collectives one at a time in post order, and
+  // once one fails every later one fails too: the last one's completion
+  // and status are those of the whole.  The earlier ones' Works are
+  // dropped at once; each keeps the buffers alive until its request
+  // completes (see ~WorkDlslime).  Arguments were checked before the
+  // first post, so a later post fails only when the communicator is gone.
+  for (size_t i = 0; i + 1 < issues.size(); i++) {
+    WorkSpec earlier;
+    earlier.type = spec.type;
+    earlier.profiling_title = spec.profiling_title;
+    earlier.what = spec.what;
+    earlier.keep_alive = spec.keep_alive;
+    post_collective(std::move(earlier), op_timeout, issues[i]);
+  }
+  return post_collective(std::move(spec), op_timeout, issues.back());
+}
+
 int BackendDlslime::source_of(slime_req_t* req) {
   std::shared_lock<std::shared_mutex> lock(comm_mu_);
   TORCH_CHECK(comm_, "dlslime: the source rank of a receive on process "
