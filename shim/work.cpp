@@ -92,9 +92,9 @@ void WorkDlslime::complete(slime_status_t status) noexcept {
       if (spec_.on_success)
         spec_.on_success(req_);
     } else if (status == SLIME_ERR_CANCELED && timed_out_ms_.load() > 0) {
-      err = backend_error("dlslime: " + spec_.what + " timed out after " +
+      err = backend_error("dlslime: " + spec_.what + ": Timed out after " +
                           std::to_string(timed_out_ms_.load()) +
-                          " ms and was canceled");
+                          " ms, and was canceled");
     } else {
       err = status_exception(spec_.what, status, slime_req_error(req_));
     }
@@ -162,8 +162,8 @@ bool WorkDlslime::wait(milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!completed_)
     std::rethrow_exception(backend_error(
-        "dlslime: " + spec_.what + " did not complete within " +
-        std::to_string(limit.count()) + " ms"));
+        "dlslime: " + spec_.what + ": Timed out waiting " +
+        std::to_string(limit.count()) + " ms for it to complete"));
   if (exception_)
     std::rethrow_exception(exception_);
   return true;
