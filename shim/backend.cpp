@@ -147,6 +147,10 @@ void BackendDlslime::setTimeout(std::chrono::milliseconds timeout) {
     slime_comm_set_timeout(comm_, timeout.count());
 }
 
+void BackendDlslime::enableCollectivesTiming() {
+  timing_.store(true);
+}
+
 void BackendDlslime::setSequenceNumberForGroup() {
   // Every rank starts its communicator at 0: nothing to agree on.
 }
@@ -165,6 +169,7 @@ std::chrono::milliseconds BackendDlslime::timeout_of(
 c10::intrusive_ptr<c10d::Work> BackendDlslime::post(WorkSpec spec,
                                                     const Issue& issue) {
   std::string what = spec.what;
+  spec.timed = timing_.load();
   auto work = c10::make_intrusive<WorkDlslime>(rank_, std::move(spec));
   slime_req_t* req = nullptr;
   {

@@ -68,6 +68,8 @@ class BackendDlslime : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
   void shutdown() override;
   void abort() override;
+  // Works time themselves from then on (Work.getDuration), as NCCL's do.
+  void enableCollectivesTiming() override;
   void setSequenceNumberForGroup() override;
   uint64_t getSequenceNumberForGroup() override;
 
@@ -181,6 +183,7 @@ class BackendDlslime : public c10d::Backend {
   const std::string group_name_;
   std::atomic<int64_t> timeout_ms_;
   std::atomic<uint64_t> seq_{0};
+  std::atomic<bool> timing_{false};
   uint64_t monitor_seq_ = 0;
   // Shared while an op posts on comm_, exclusive to destroy it.
   std::shared_mutex comm_mu_;

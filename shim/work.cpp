@@ -86,6 +86,10 @@ bool WorkDlslime::finish_if_done() {
 }
 
 void WorkDlslime::complete(slime_status_t status) noexcept {
+  if (spec_.timed)
+    duration_us_.store(std::chrono::duration_cast<std::chrono::microseconds>(
+                           Clock::now() - posted_)
+                           .count());
   std::exception_ptr err;
   try {
     if (status == SLIME_OK) {
@@ -224,6 +228,16 @@ int WorkDlslime::sourceRank() const {
                 spec_.what, " before it completed successfully");
   }
   return spec_.source_of(req_);
+}
+
+float WorkDlslime::getDuration() const {
+  TORCH_CHECK(spec_.timed, "dlslime: ", spec_.what, " has no duration: "
+              "enable collectives timing on the group before the op "
+              "(ProcessGroup._enable_collectives_timing())");
+  int64_t us = duration_us_.load();
+  TORCH_CHECK(us >= 0, "dlslime: ", spec_.what,
+              " has no duration before it completed");
+  return static_cast<float>(us) / 1000.0f;
 }
 
 } // namespace dlslime_shim

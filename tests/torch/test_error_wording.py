@@ -43,15 +43,27 @@ def _barrier_timeout(rank, size, store):
             store.set(f"barrier-done/{name}", "1")
         else:
             store.wait([f"barrier-done/{name}"])
+    # An aborted group fails what it still runs: rank 0's all_reduce,
+    # which rank 1 never joins.
+    group = dist.new_group()
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+        dist.distributed_c10d._abort_process_group(group)
+        out["aborted"] = _error_of(work.wait)
+        store.set("abort-done", "1")
+    else:
+        store.wait(["abort-done"])
     return out
 
 
-def test_barrier_timeout_in_torch_words():
+def test_barrier_timeout_and_abort_in_torch_words():
     out = run_job(2, _barrier_timeout)[0]
     assert out["gloo"] and TORCH_TIMEOUT_WORDS.search(out["gloo"]), out
     assert out["dlslime"] and TORCH_TIMEOUT_WORDS.search(out["dlslime"]), out
     # our detail stays after torch's words
     assert "dlslime: barrier failed: Timed out (SLIME_ERR_TIMEOUT" in out["dlslime"], out
+    assert out["aborted"] and TORCH_TIMEOUT_WORDS.search(out["aborted"]), out
+    assert "aborted or shut down: communicator closed (SLIME_ERR_CLOSED" in out["aborted"], out
 
 
 def _peer_killed(rank, size, store):

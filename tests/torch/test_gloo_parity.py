@@ -1,7 +1,10 @@
-"""The coalesced collectives, sparse all_reduce and all_to_all_single's
-split forms against Gloo, at 2 and 3 ranks (cases_coalesced.py,
-cases_sparse.py, cases_alltoall_splits.py; the same machinery as
-test_collectives.py: one job per world size runs every case)."""
+"""The c10d::Backend entry points Gloo implements for CPU tensors beyond
+the catalog of test_collectives.py, against Gloo at 2 and 3 ranks: the
+coalesced collectives (cases_coalesced.py), sparse all_reduce
+(cases_sparse.py), all_to_all_single's split forms
+(cases_alltoall_splits.py) and the choices c10d leaves to a backend
+(cases_backend_hooks.py).  The same machinery as test_collectives.py: one
+job per world size runs every case."""
 
 import pytest
 
@@ -11,7 +14,8 @@ from harness import run_job
 pytestmark = pytest.mark.timeout(240)
 
 SIZES = (2, 3)
-MODULES = ("cases_coalesced", "cases_sparse", "cases_alltoall_splits")
+MODULES = ("cases_coalesced", "cases_sparse", "cases_alltoall_splits",
+           "cases_backend_hooks")
 _jobs = {}
 
 
