@@ -72,26 +72,29 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allgather_coalesced(
     std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_coalesced";
   TORCH_CHECK(!inputs.empty(), "dlslime: ", op, " got no tensors");
-  TORCH_CHECK(output_lists.size() == inputs.size(), "dlslime: ", op,
-              ": one output list per input expected, got ",
-              output_lists.size(), " lists for ", inputs.size(), " inputs");
-  std::vector<at::Tensor> by_rank(inputs.size() * size_), results;
-  for (size_t i = 0; i < inputs.size(); i++) {
-    check_cpu(inputs[i], op);
-    check_list(output_lists[i], inputs[i], size_, op);
-    for (int r = 0; r < size_; r++)
-      by_rank[r * inputs.size() + i] = output_lists[i][r];
-    results.insert(results.end(), output_lists[i].begin(),
-                   output_lists[i].end());
+  for (const auto& t : inputs)
+    check_cpu(t, op);
+  TORCH_CHECK(static_cast<int>(output_lists.size()) == size_, "dlslime: ",
+              op, ": expected one output list per rank (", size_, "), got ",
+              output_lists.size());
+  // output_lists[r][i] receives rank r's inputs[i].
+  std::vector<at::Tensor> outputs;
+  for (const auto& list : output_lists) {
+    TORCH_CHECK(list.size() == inputs.size(), "dlslime: ", op, ": an output "
+                "list holds ", list.size(), " tensors for ", inputs.size(),
+                " inputs");
+    for (size_t i = 0; i < inputs.size(); i++)
+      check_like(list[i], inputs[i], op);
+    outputs.insert(outputs.end(), list.begin(), list.end());
   }
   // Block r of the gathered bytes is rank r's inputs one after another,
-  // that is the outputs of rank r, in input order.
+  // that is output_lists[r].
   Staging staging;
   at::Tensor src = staging.blocks(inputs, 1, true, false);
-  at::Tensor dst = staging.blocks(by_rank, 1, false, true);
+  at::Tensor dst = staging.blocks(outputs, 1, false, true);
   return post_collective(
       collective_spec(c10d::OpType::ALLGATHER_COALESCED,
-                      "dlslime:all_gather_coalesced", op, results, staging),
+                      "dlslime:all_gather_coalesced", op, outputs, staging),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_allgather(comm, data_of(src), src.nbytes(), data_of(dst),
                                out);

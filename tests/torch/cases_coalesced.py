@@ -40,31 +40,33 @@ def _mixed(name, rank):
 
 @case("all_gather_coalesced")
 def _(env):
+    # torch's API (one dtype) against Gloo's: got[r][i] is rank r's ins[i].
+    ins = [data("agc-api", env.rank, (4,), torch.float64),
+           data("agc-api2", env.rank, (2, 3), torch.float64)]
+    got = [[torch.empty_like(x) for x in ins] for _ in range(env.size)]
+    ref = [[torch.empty_like(x) for x in ins] for _ in range(env.size)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_gather_coalesced(ref, ins, group=env.gloo)
+        n = _collectives(lambda: dist.all_gather_coalesced(got, ins))
+    assert n == 1, f"all_gather_coalesced posted {n} collectives"
+    for g, r in zip(sum(got, []), sum(ref, [])):
+        same(g, r, what="all_gather_coalesced")
+    # Mixed dtypes, which torch's dist.all_gather_coalesced refuses and the
+    # group's own method takes (the backend moves bytes), against Gloo's
+    # all_gather of each tensor; a transposed output is written through a
+    # copy.
     ins = _mixed("agc", env.rank)
-    # Outputs of every layout: a transposed one is written through a copy.
     got = [[torch.empty(2, 3).t() if i == 0 else torch.empty_like(x)
-            for _ in range(env.size)] for i, x in enumerate(ins)]
-    # torch's dist.all_gather_coalesced refuses mixed dtypes; the group's
-    # own method takes them (the backend moves bytes).
+            for i, x in enumerate(ins)] for _ in range(env.size)]
     n = _collectives(lambda: dist.group.WORLD.allgather_coalesced(got, ins).wait())
     assert n == 1, f"all_gather_coalesced posted {n} collectives"
-    for x, outs in zip(ins, got):
+    for i, x in enumerate(ins):
         ref = [torch.empty_like(x) for _ in range(env.size)]
         if x.numel():
             dist.all_gather(ref, x, group=env.gloo)
-        for g, r in zip(outs, ref):
-            same(g.contiguous(), r, what=f"all_gather_coalesced {x.dtype}")
-    # torch's API, one dtype
-    ins = [data("agc-api", env.rank, (4,), torch.float64), data("agc-api2", env.rank, (2, 3), torch.float64)]
-    got = [[torch.empty_like(x) for _ in range(env.size)] for x in ins]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        dist.all_gather_coalesced(got, ins)
-    for x, outs in zip(ins, got):
-        ref = [torch.empty_like(x) for _ in range(env.size)]
-        dist.all_gather(ref, x, group=env.gloo)
-        for g, r in zip(outs, ref):
-            same(g, r, what="all_gather_coalesced (torch's API)")
+        for r in range(env.size):
+            same(got[r][i].contiguous(), ref[r], what=f"all_gather_coalesced {x.dtype}")
 
 
 def _gather_single_coalesced(outs, ins, group):
