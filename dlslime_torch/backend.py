@@ -199,9 +199,10 @@ def register_backend():
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     """torch.distributed.monitored_barrier for dlslime groups (torch's own
-    accepts Gloo groups only): rank 0 waits up to timeout for every rank
-    and raises naming those that did not arrive (all of them with
-    wait_all_ranks)."""
+    accepts Gloo groups only), in Gloo's words: rank 0 waits up to timeout
+    for every rank and raises naming the first that did not arrive (all of
+    them with wait_all_ranks); the ranks that did arrive raise too, as soon
+    as rank 0 tells them it failed."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if timeout is None:
         timeout = dist.distributed_c10d._get_default_timeout(BACKEND_NAME)

@@ -147,6 +147,10 @@ void BackendDlslime::setTimeout(std::chrono::milliseconds timeout) {
     slime_comm_set_timeout(comm_, timeout.count());
 }
 
+void BackendDlslime::enableCollectivesTiming() {
+  timing_.store(true);
+}
+
 void BackendDlslime::setSequenceNumberForGroup() {
   // Every rank starts its communicator at 0: nothing to agree on.
 }
@@ -165,6 +169,7 @@ std::chrono::milliseconds BackendDlslime::timeout_of(
 c10::intrusive_ptr<c10d::Work> BackendDlslime::post(WorkSpec spec,
                                                     const Issue& issue) {
   std::string what = spec.what;
+  spec.timed = timing_.load();
   auto work = c10::make_intrusive<WorkDlslime>(rank_, std::move(spec));
   slime_req_t* req = nullptr;
   {
@@ -185,6 +190,26 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::post_collective(
   auto work = post(std::move(spec), issue);
   seq_.fetch_add(1);
   return work;
+}
+
+c10::intrusive_ptr<c10d::Work> BackendDlslime::post_collectives(
+    WorkSpec spec, std::chrono::milliseconds op_timeout,
+    const std::vector<Issue>& issues) {
+  // A communicator runs its collectives one at a time in post order, and
+  // once one fails every later one fails too: the last one's completion
+  // and status are those of the whole.  The earlier ones' Works are
+  // dropped at once; each keeps the buffers alive until its request
+  // completes (see ~WorkDlslime).  Arguments were checked before the
+  // first post, so a later post fails only when the communicator is gone.
+  for (size_t i = 0; i + 1 < issues.size(); i++) {
+    WorkSpec earlier;
+    earlier.type = spec.type;
+    earlier.profiling_title = spec.profiling_title;
+    earlier.what = spec.what;
+    earlier.keep_alive = spec.keep_alive;
+    post_collective(std::move(earlier), op_timeout, issues[i]);
+  }
+  return post_collective(std::move(spec), op_timeout, issues.back());
 }
 
 int BackendDlslime::source_of(slime_req_t* req) {

@@ -59,10 +59,17 @@ class BackendDlslime : public c10d::Backend {
   bool is_shut_down();
 
   const std::string getBackendName() const override { return kName; }
+  // supportsCoalescing stays false, as Gloo's: torch's coalescing manager
+  // then calls the *_coalesced ops below, one collective each.
+  // supportsSplitting stays false too: torch 2.13's split_group splits
+  // only accelerator backends, and a split needs the Python rendezvous
+  // of dlslime_torch.backend (see _create_backend).
   c10::intrusive_ptr<Options> getBackendOptions() override;
   void setTimeout(std::chrono::milliseconds timeout) override;
   void shutdown() override;
   void abort() override;
+  // Works time themselves from then on (Work.getDuration), as NCCL's do.
+  void enableCollectivesTiming() override;
   void setSequenceNumberForGroup() override;
   uint64_t getSequenceNumberForGroup() override;
 
@@ -78,9 +85,6 @@ class BackendDlslime : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors,
-      const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(
       std::vector<at::Tensor>& tensors,
       const c10d::ReduceOptions& opts) override;
@@ -124,6 +128,26 @@ class BackendDlslime : public c10d::Backend {
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllToAllOptions& opts) override;
 
+  // ops_coalesced.cpp
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& output_lists,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+
+  // ops_sparse.cpp (allreduce sends sparse tensors there too, as Gloo's)
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts) override;
+
   // monitored_barrier.cpp
   void monitoredBarrier(const c10d::BarrierOptions& opts,
                         bool wait_all_ranks) override;
@@ -138,6 +162,16 @@ class BackendDlslime : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> post_collective(
       WorkSpec spec, std::chrono::milliseconds op_timeout,
       const Issue& issue);
+  // Posts several collectives back to back (one per dtype of a coalesced
+  // reduction); the Work of the last one stands for them all.
+  c10::intrusive_ptr<c10d::Work> post_collectives(
+      WorkSpec spec, std::chrono::milliseconds op_timeout,
+      const std::vector<Issue>& issues);
+  // Every rank's record of its sparse tensor (ops_sparse.cpp), gathered
+  // and waited for.
+  at::Tensor gather_sparse_meta(const at::Tensor& mine,
+                                std::chrono::milliseconds timeout,
+                                const char* op);
   // The timeout an op runs under: its own if set, else the group's.
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds op) const;
   // The rank a completed recv-from-any came from.
@@ -149,6 +183,7 @@ class BackendDlslime : public c10d::Backend {
   const std::string group_name_;
   std::atomic<int64_t> timeout_ms_;
   std::atomic<uint64_t> seq_{0};
+  std::atomic<bool> timing_{false};
   uint64_t monitor_seq_ = 0;
   // Shared while an op posts on comm_, exclusive to destroy it.
   std::shared_mutex comm_mu_;

@@ -16,10 +16,26 @@ bool is_argument_error(slime_status_t status) {
 
 } // namespace
 
+const char* torch_words(slime_status_t status) {
+  switch (status) {
+    case SLIME_ERR_TIMEOUT: return "Timed out";
+    case SLIME_ERR_PEER_LOST: return "Connection closed by peer";
+    case SLIME_ERR_CLOSED:
+      return "Process group was aborted or shut down: communicator closed";
+    default: return nullptr;
+  }
+}
+
 std::string status_message(const std::string& what, slime_status_t status,
                            const std::string& detail) {
-  std::string msg = "dlslime: " + what + " failed: " +
-      slime_status_name(status) + " (" + slime_strerror(status) + ")";
+  const char* words = torch_words(status);
+  std::string msg = "dlslime: " + what + " failed: ";
+  if (words)
+    msg += std::string(words) + " (" + slime_status_name(status) + ", " +
+        slime_strerror(status) + ")";
+  else
+    msg += std::string(slime_status_name(status)) + " (" +
+        slime_strerror(status) + ")";
   if (!detail.empty())
     msg += ": " + detail;
   return msg;

@@ -4,7 +4,10 @@
 // communicator) become c10::DistBackendError, which Python sees as
 // torch.distributed.DistBackendError; misuse (a wrong dtype, a bad rank)
 // becomes c10::Error (RuntimeError) through TORCH_CHECK.  Every message
-// starts with "dlslime: <op>" and carries the C library's detail text.
+// starts with "dlslime: <op>", says what failed in torch's words where
+// torch has them (time-outs "Timed out", lost peers and aborted groups
+// "closed", as torch's own tests match them) and carries the C library's
+// status and detail text after them.
 #pragma once
 
 #include <exception>
@@ -14,7 +17,13 @@
 
 namespace dlslime_shim {
 
-// "dlslime: <what> failed: SLIME_ERR_X (<short text>): <detail>".
+// How torch words a failure of this kind (what its tests and tools match:
+// "Timed out", "closed"), or nullptr for a status torch has no words for.
+const char* torch_words(slime_status_t status);
+
+// "dlslime: <what> failed: <torch's words> (SLIME_ERR_X, <short text>):
+// <detail>", or without torch's words "... failed: SLIME_ERR_X (<short
+// text>): <detail>".
 std::string status_message(const std::string& what, slime_status_t status,
                            const std::string& detail);
 

@@ -1,5 +1,6 @@
-// ops_reduce.cpp - the reductions: all_reduce (single and coalesced),
-// reduce, reduce_scatter (list and tensor).
+// ops_reduce.cpp - the reductions: all_reduce, reduce, reduce_scatter
+// (list and tensor).  The coalesced ones are in ops_coalesced.cpp, the
+// sparse all_reduce in ops_sparse.cpp.
 #include <c10/util/Exception.h>
 
 #include "backend.h"
@@ -12,39 +13,15 @@ namespace dlslime_shim {
 
 c10::intrusive_ptr<c10d::Work> BackendDlslime::allreduce(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse())
+    return allreduce_sparse(tensors, opts);
   const at::Tensor& t = single_tensor(tensors, "all_reduce");
-  TORCH_CHECK(!opts.sparseIndices.has_value(),
-              "dlslime: all_reduce does not support sparse tensors");
   Reduction red = checked_reduction(t, opts.reduceOp, "all_reduce");
   Staging staging;
   at::Tensor buf = staging.output(t, true);
   return post_collective(
       collective_spec(c10d::OpType::ALLREDUCE, "dlslime:all_reduce",
                       "all_reduce", tensors, staging),
-      opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
-        return slime_allreduce(comm, data_of(buf), buf.numel(), red.dtype,
-                               red.op, out);
-      });
-}
-
-c10::intrusive_ptr<c10d::Work> BackendDlslime::allreduce_coalesced(
-    std::vector<at::Tensor>& tensors,
-    const c10d::AllreduceCoalescedOptions& opts) {
-  const char* op = "all_reduce_coalesced";
-  TORCH_CHECK(!tensors.empty(), "dlslime: ", op, " got no tensors");
-  for (const auto& t : tensors) {
-    check_cpu(t, op);
-    TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "dlslime: ", op,
-                " needs tensors of one dtype, got ", tensors[0].scalar_type(),
-                " and ", t.scalar_type());
-  }
-  Reduction red = checked_reduction(tensors[0], opts.reduceOp, op);
-  // One flat buffer, so one collective reduces them all.
-  Staging staging;
-  at::Tensor buf = staging.flat(tensors, tensors[0].scalar_type(), true, true);
-  return post_collective(
-      collective_spec(c10d::OpType::ALLREDUCE_COALESCED,
-                      "dlslime:all_reduce_coalesced", op, tensors, staging),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_allreduce(comm, data_of(buf), buf.numel(), red.dtype,
                                red.op, out);

@@ -1,6 +1,8 @@
 // staging.cpp - see staging.h.
 #include "staging.h"
 
+#include <c10/util/Exception.h>
+
 namespace dlslime_shim {
 
 namespace {
@@ -10,16 +12,13 @@ at::Tensor as_bytes(const at::Tensor& t) {
   return t.reshape({-1}).view(at::kByte);
 }
 
-// Copies bytes (a contiguous byte tensor of t's size) into t, whatever
+// Copies bytes (a byte tensor of t's size, of any shape) into t, whatever
 // t's layout: a byte slice may sit at an offset t's dtype cannot view.
 void copy_bytes_into(const at::Tensor& t, const at::Tensor& bytes) {
-  if (t.is_contiguous()) {
-    as_bytes(t).copy_(bytes);
-    return;
-  }
-  at::Tensor tmp = at::empty(t.sizes(), t.options());
-  as_bytes(tmp).copy_(bytes);
-  t.copy_(tmp);
+  at::Tensor dst = t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
+  as_bytes(dst).view(bytes.sizes()).copy_(bytes);
+  if (!dst.is_same(t))
+    t.copy_(dst);
 }
 
 } // namespace
@@ -66,43 +65,28 @@ at::Tensor Staging::input_apart(const at::Tensor& t,
   return in;
 }
 
-at::Tensor Staging::flat(const std::vector<at::Tensor>& tensors,
-                         at::ScalarType dtype, bool copy_in, bool copy_out) {
-  int64_t total = 0;
-  for (const auto& t : tensors)
-    total += t.numel();
-  at::Tensor buf = at::empty({total}, at::TensorOptions().dtype(dtype));
-  keep_.push_back(buf);
-  int64_t off = 0;
+at::Tensor Staging::blocks(const std::vector<at::Tensor>& tensors,
+                           int64_t parts, bool copy_in, bool copy_out) {
+  int64_t row = 0; // bytes of one block
   for (const auto& t : tensors) {
-    at::Tensor slice = buf.narrow(0, off, t.numel()).view(t.sizes());
-    off += t.numel();
-    keep_.push_back(t);
-    if (copy_in)
-      slice.copy_(t);
-    if (copy_out)
-      back_.push_back([slice, t]() { t.copy_(slice); });
+    TORCH_CHECK(static_cast<int64_t>(t.nbytes()) % parts == 0, "dlslime: ",
+                t.nbytes(), " bytes do not split into ", parts, " blocks");
+    row += static_cast<int64_t>(t.nbytes()) / parts;
   }
-  return buf;
-}
-
-at::Tensor Staging::flat_bytes(const std::vector<at::Tensor>& tensors,
-                               bool copy_in, bool copy_out) {
-  int64_t total = 0;
-  for (const auto& t : tensors)
-    total += static_cast<int64_t>(t.nbytes());
-  at::Tensor buf = at::empty({total}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor buf = at::empty({parts * row},
+                             at::TensorOptions().dtype(at::kByte));
   keep_.push_back(buf);
-  int64_t off = 0;
+  at::Tensor grid = buf.view({parts, row});
+  int64_t col = 0;
   for (const auto& t : tensors) {
-    int64_t n = static_cast<int64_t>(t.nbytes());
-    at::Tensor slice = buf.narrow(0, off, n);
-    off += n;
+    int64_t n = static_cast<int64_t>(t.nbytes()) / parts;
+    at::Tensor chunks = grid.narrow(1, col, n);
+    col += n;
     keep_.push_back(t);
     if (copy_in && n)
-      slice.copy_(as_bytes(t.contiguous()));
+      chunks.copy_(as_bytes(t.contiguous()).view({parts, n}));
     if (copy_out && n)
-      back_.push_back([slice, t]() { copy_bytes_into(t, slice); });
+      back_.push_back([chunks, t]() { copy_bytes_into(t, chunks); });
   }
   return buf;
 }

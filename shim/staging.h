@@ -4,7 +4,8 @@
 // any other is copied into a contiguous buffer first (inputs) and/or
 // copied back once the operation succeeded (outputs).  Lists of tensors
 // go to the C library block by block (the *_ptrs collectives), except
-// all_reduce_coalesced's, which one flat buffer reduces in one go.
+// the coalesced collectives', which one staging buffer (blocks()) moves or
+// reduces in one go.
 #pragma once
 
 #include <cstddef>
@@ -31,15 +32,16 @@ class Staging {
   at::Tensor input_apart(const at::Tensor& t,
                          const std::vector<at::Tensor>& outputs,
                          const void* own);
-  // One flat 1-D buffer holding the tensors one after another (all of
-  // dtype `dtype`), filled when copy_in.  Each tensor's slice is copied
-  // back to it after success when copy_out.
-  at::Tensor flat(const std::vector<at::Tensor>& tensors, at::ScalarType dtype,
-                  bool copy_in, bool copy_out);
-  // A byte buffer holding the tensors' bytes one after another (any
-  // dtypes), as flat() but by bytes.
-  at::Tensor flat_bytes(const std::vector<at::Tensor>& tensors, bool copy_in,
-                        bool copy_out);
+  // A byte buffer of `parts` equal blocks: block r holds the r-th of
+  // `parts` equal chunks (by bytes, in row-major order) of each tensor,
+  // one tensor after another.  parts 1: the tensors' bytes one after
+  // another (a flat buffer); parts = group size: the layout in which
+  // every rank's share of several tensors is one block, as all_gather and
+  // reduce_scatter want it.  Filled when copy_in; each chunk is copied
+  // back to its tensor after success when copy_out.  Every tensor's
+  // bytes must divide by parts.
+  at::Tensor blocks(const std::vector<at::Tensor>& tensors, int64_t parts,
+                    bool copy_in, bool copy_out);
 
   // Every tensor the C library may touch, to keep alive until it is done.
   std::vector<at::Tensor> keep_alive() const;

@@ -86,15 +86,19 @@ bool WorkDlslime::finish_if_done() {
 }
 
 void WorkDlslime::complete(slime_status_t status) noexcept {
+  if (spec_.timed)
+    duration_us_.store(std::chrono::duration_cast<std::chrono::microseconds>(
+                           Clock::now() - posted_)
+                           .count());
   std::exception_ptr err;
   try {
     if (status == SLIME_OK) {
       if (spec_.on_success)
         spec_.on_success(req_);
     } else if (status == SLIME_ERR_CANCELED && timed_out_ms_.load() > 0) {
-      err = backend_error("dlslime: " + spec_.what + " timed out after " +
+      err = backend_error("dlslime: " + spec_.what + ": Timed out after " +
                           std::to_string(timed_out_ms_.load()) +
-                          " ms and was canceled");
+                          " ms, and was canceled");
     } else {
       err = status_exception(spec_.what, status, slime_req_error(req_));
     }
@@ -162,8 +166,8 @@ bool WorkDlslime::wait(milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!completed_)
     std::rethrow_exception(backend_error(
-        "dlslime: " + spec_.what + " did not complete within " +
-        std::to_string(limit.count()) + " ms"));
+        "dlslime: " + spec_.what + ": Timed out waiting " +
+        std::to_string(limit.count()) + " ms for it to complete"));
   if (exception_)
     std::rethrow_exception(exception_);
   return true;
@@ -224,6 +228,16 @@ int WorkDlslime::sourceRank() const {
                 spec_.what, " before it completed successfully");
   }
   return spec_.source_of(req_);
+}
+
+float WorkDlslime::getDuration() const {
+  TORCH_CHECK(spec_.timed, "dlslime: ", spec_.what, " has no duration: "
+              "enable collectives timing on the group before the op "
+              "(ProcessGroup._enable_collectives_timing())");
+  int64_t us = duration_us_.load();
+  TORCH_CHECK(us >= 0, "dlslime: ", spec_.what,
+              " has no duration before it completed");
+  return static_cast<float>(us) / 1000.0f;
 }
 
 } // namespace dlslime_shim

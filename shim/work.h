@@ -46,6 +46,9 @@ struct WorkSpec {
   std::chrono::milliseconds timeout{0};
   // A receive: a wait that runs out cancels it, so it cannot match later.
   bool cancel_on_timeout = false;
+  // Collectives timing is on (ProcessGroup._enable_collectives_timing):
+  // getDuration() says how long the op took from post to completion.
+  bool timed = false;
 };
 
 class WorkDlslime : public c10d::Work {
@@ -62,6 +65,8 @@ class WorkDlslime : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   int sourceRank() const override;
+  // Milliseconds from post to completion; a timed op only, once done.
+  float getDuration() const override;
 
  private:
   static void on_complete(slime_req_t* req, void* arg);
@@ -73,6 +78,10 @@ class WorkDlslime : public c10d::Work {
 
   WorkSpec spec_;
   slime_req_t* req_ = nullptr;
+  const std::chrono::steady_clock::time_point posted_ =
+      std::chrono::steady_clock::now();
+  // Set when a timed op completes (-1: not yet).
+  std::atomic<int64_t> duration_us_{-1};
   // Set by the one thread that finishes the Work.
   std::atomic<bool> claimed_{false};
   // Set by a wait that ran out: the limit it waited, for the message
