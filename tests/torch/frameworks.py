@@ -13,7 +13,6 @@ import datetime
 import io
 import traceback
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -26,15 +25,6 @@ def init(rank, size, store):
     import dlslime_torch  # noqa: F401  registers the backend
     dist.init_process_group("dlslime", store=store, rank=rank,
                             world_size=size, timeout=TIMEOUT)
-
-
-def cases(names, needs):
-    """pytest params for the scenario names; needs maps a name to the
-    backend ops it lacks on main, being added on the ops branch: those
-    are expected to fail until the merge (strict: flip them after)."""
-    return [pytest.param(name, marks=pytest.mark.xfail(
-                strict=True, reason=f"needs {needs[name]}: ops branch"))
-            if name in needs else name for name in names]
 
 
 def meshes(shape, names):

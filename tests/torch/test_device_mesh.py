@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from frameworks import cases, check, init, meshes, run_scenarios
+from frameworks import check, init, meshes, run_scenarios
 from harness import run_job
 from test_tensor_parallel import mlp, shards, sharded_mlp
 
@@ -232,12 +232,8 @@ ROUNDED = {"tensor_parallel_dp"}     # float weights: local sums round otherwise
 _results = []
 
 
-# full_tensor and Shard -> Shard gather through allgather_into_tensor_coalesced.
-NEEDS = dict.fromkeys(("shard_shard", "replicate_shard", "shard_swap",
-                       "sharded_matmul"), "allgather_into_tensor_coalesced")
 
-
-@pytest.mark.parametrize("name", cases(REFERENCES, NEEDS))
+@pytest.mark.parametrize("name", sorted(REFERENCES))
 def test_2d_mesh_matches_gloo_and_local(name):
     if not _results:
         _results.append(run_job(SIZE, _job, timeout=180))

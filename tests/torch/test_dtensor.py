@@ -12,7 +12,7 @@ tensors have 5 rows: Shard(0) splits them unevenly over the 3 ranks.
 import pytest
 import torch
 
-from frameworks import cases, check, init, meshes, run_scenarios
+from frameworks import check, init, meshes, run_scenarios
 from harness import run_job
 
 pytestmark = pytest.mark.timeout(150)
@@ -168,17 +168,7 @@ REFERENCES = {
 }
 
 
-# DTensor gathers through _c10d_functional.all_gather_into_tensor and
-# scatters through reduce_scatter_tensor, which call the backend's
-# allgather_into_tensor_coalesced and reduce_scatter_tensor_coalesced.
-GATHER = "allgather_into_tensor_coalesced"
-NEEDS = dict.fromkeys(
-    ("shard0_to_replicate", "shard1_to_replicate", "shard0_to_shard1",
-     "shard1_to_shard0", "replicate_to_shard1", "matmul_row_sharded",
-     "matmul_column_sharded", "sums"), GATHER)
-NEEDS["partial_sum_to_shard0"] = f"reduce_scatter_tensor_coalesced and {GATHER}"
 
-
-@pytest.mark.parametrize("name", cases(REFERENCES, NEEDS))
+@pytest.mark.parametrize("name", sorted(REFERENCES))
 def test_dtensor_matches_gloo_and_local(name):
     check(results(), name, REFERENCES[name])

@@ -49,15 +49,7 @@ SELECTION = (
 
 # Tests that pass on Gloo and fail on dlslime, with the reason: the stage
 # fails on any other such test.
-_OPS = "fixed by the ops branch (issue #16, part ops): "
 EXPECTED_FAILURES = {
-    "test_all_gather_coalesced_simple": _OPS + "all_gather_coalesced",
-    "test_all_gather_coalesced_complex": _OPS + "all_gather_coalesced",
-    "test_all_gather_coalesced_full_group": _OPS + "all_gather_coalesced",
-    "test_all_gather_coalesced_with_empty": _OPS + "all_gather_coalesced",
-    "test_sparse_all_reduce_sum": _OPS + "sparse all_reduce",
-    "test_barrier_timeout_full_group": _OPS + "torch-worded time-out messages "
-                                       "(the test wants ' (Timed out|closed|timeout) ')",
     "test_ddp_logging_data_cpu": "torch's DDP logger records a third-party "
                                  "backend's name as 'custom' (the process "
                                  "group's backend type), the test expects "
