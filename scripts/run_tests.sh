@@ -88,7 +88,7 @@ esac
 section "torchrun examples (2 ranks each)"
 # The in-tree package, as in the tests; a hung job is killed by timeout.
 if ((python_built)); then
-    for example in send_recv all_reduce ddp_train fsdp2_train rdma_read_write rpc_demo demo; do
+    for example in send_recv all_reduce ddp_train fsdp2_train tensor_parallel rdma_read_write rpc_demo demo; do
         echo "+ torchrun --standalone --nproc-per-node 2 examples/$example.py"
         PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 300 \
             "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 \
