@@ -7,7 +7,9 @@
 // is one block.  Data movement is by bytes, so any mix of dtypes is one
 // collective.  A reduction is typed and the core reduces one dtype per
 // collective: tensors of several dtypes take one collective per dtype,
-// posted back to back (post_collectives).
+// posted back to back (post_collectives).  One tensor (FSDP2's flat
+// buffer, every functional collective of DTensor) is the plain op, which
+// moves it where it is instead of through a staging copy.
 #include <c10/util/Exception.h>
 
 #include "backend.h"
@@ -106,6 +108,8 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allgather_into_tensor_coalesced(
     const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_into_tensor_coalesced";
   check_pairs(outputs, "output", inputs, "input", size_, op);
+  if (inputs.size() == 1)
+    return _allgather_base(outputs[0], inputs[0], opts);
   Staging staging;
   at::Tensor src = staging.blocks(inputs, 1, true, false);
   at::Tensor dst = staging.blocks(outputs, size_, false, true);
@@ -124,6 +128,8 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::reduce_scatter_tensor_coalesced(
     const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter_tensor_coalesced";
   check_pairs(inputs, "input", outputs, "output", size_, op);
+  if (inputs.size() == 1)
+    return _reduce_scatter_base(outputs[0], inputs[0], opts);
   Staging staging;
   std::vector<Issue> issues;
   for (const auto& group : by_dtype(inputs)) {
@@ -154,6 +160,8 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allreduce_coalesced(
   TORCH_CHECK(!tensors.empty(), "dlslime: ", op, " got no tensors");
   for (const auto& t : tensors)
     check_cpu(t, op);
+  if (tensors.size() == 1)
+    return allreduce(tensors, opts);
   Staging staging;
   std::vector<Issue> issues;
   for (const auto& group : by_dtype(tensors)) {

@@ -19,18 +19,11 @@ MODULES = ("cases_coalesced", "cases_sparse", "cases_alltoall_splits",
 _jobs = {}
 
 
-def _names():
-    import importlib
-    for module in MODULES:
-        importlib.import_module(module)
-    return [name for name, fn in cases.CASES.items() if fn.__module__ in MODULES]
-
-
-NAMES = _names()
+NAMES = list(cases.load_cases(MODULES))
 
 
 def _run(rank, size, store):
-    return cases.run_cases(rank, size, store, names=NAMES)
+    return cases.run_cases(rank, size, store, modules=MODULES)
 
 
 def outcomes(size):
