@@ -9,6 +9,7 @@ and exits non-zero when a check fails on any rank.
 import datetime
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -39,6 +40,36 @@ def say(text):
 def check(ok, what):
     if not ok:
         raise AssertionError(f"check failed: {what}")
+
+
+# The training examples' model and task: an MLP fitting y = x @ target.
+IN, HIDDEN, OUT, BATCH = 16, 64, 4, 32
+
+
+def mlp():
+    """The training examples' model, the same initial weights everywhere."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, OUT))
+
+
+def fit(model, steps, data_seed):
+    """SGD on the regression task, batches drawn from data_seed; returns
+    (the losses, seconds taken)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    target = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(7))
+    data = torch.Generator().manual_seed(data_seed)
+    losses = []
+    start = time.perf_counter()
+    for _ in range(steps):
+        x = torch.randn(BATCH, IN, generator=data)
+        loss = torch.nn.functional.mse_loss(model(x), x @ target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, time.perf_counter() - start
 
 
 def main(body):

@@ -11,36 +11,18 @@ Exits non-zero if a check fails.
 """
 
 import argparse
-import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from _common import check, main, say
-
-IN, HIDDEN, OUT, BATCH = 16, 64, 4, 32
+from _common import check, fit, main, mlp, say
 
 
 def train(group, rank, steps):
-    torch.manual_seed(0)                      # same initial model everywhere
-    model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN, OUT))
+    model = mlp()
     ddp = DDP(model, process_group=group, bucket_cap_mb=0.01)   # several buckets
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.02, momentum=0.9)
-    target = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(7))
-    data = torch.Generator().manual_seed(100 + rank)             # this rank's shard
-    losses = []
-    start = time.perf_counter()
-    for _ in range(steps):
-        x = torch.randn(BATCH, IN, generator=data)
-        loss = torch.nn.functional.mse_loss(ddp(x), x @ target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    seconds = time.perf_counter() - start
+    losses, seconds = fit(ddp, steps, data_seed=100 + rank)      # this rank's shard
     return [p.detach().clone() for p in model.parameters()], losses, seconds
 
 

@@ -13,41 +13,23 @@ Exits non-zero if a check fails.
 """
 
 import argparse
-import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from _common import check, main, say
-
-IN, HIDDEN, OUT, BATCH = 16, 64, 4, 32
+from _common import check, fit, main, mlp, say
 
 
 def train(group, rank, steps):
     mesh = DeviceMesh.from_group(group, "cpu")
-    torch.manual_seed(0)                      # same initial model everywhere
-    model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN, OUT))
+    model = mlp()
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)     # one all-gather / reduce-scatter per layer
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    target = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(7))
-    data = torch.Generator().manual_seed(100 + rank)             # this rank's shard
-    losses = []
-    start = time.perf_counter()
-    for _ in range(steps):
-        x = torch.randn(BATCH, IN, generator=data)
-        loss = torch.nn.functional.mse_loss(model(x), x @ target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    seconds = time.perf_counter() - start
+    losses, seconds = fit(model, steps, data_seed=100 + rank)   # this rank's shard
     params = [p.full_tensor().detach().clone() for p in model.parameters()]
     return params, losses, seconds
 

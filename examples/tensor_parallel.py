@@ -21,24 +21,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
-from _common import check, main, say
-
-IN, HIDDEN, OUT, BATCH = 16, 64, 4, 32
+from _common import HIDDEN, IN, OUT, check, fit, main, say
 
 
 def train(model, steps):
-    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    target = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(7))
-    data = torch.Generator().manual_seed(100)       # the same batches on every rank
-    losses = []
-    for _ in range(steps):
-        x = torch.randn(BATCH, IN, generator=data)
-        loss = torch.nn.functional.mse_loss(model(x), x @ target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return fit(model, steps, data_seed=100)[0]      # the same batches on every rank
 
 
 def mlp():
