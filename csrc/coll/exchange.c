@@ -176,21 +176,27 @@ static bool wait_pred(void *arg) {
     return ab && p2p_req_done(ab);
 }
 
+/* The first failed message: of those waited on, else of the run. */
+static xfer_t *first_failed(coll_run_t *r, const int *h, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (req_failed(r->x[h[i]].req)) return &r->x[h[i]];
+    for (size_t i = 0; i < r->nx; i++)
+        if (r->x[i].req && req_failed(r->x[i].req)) return &r->x[i];
+    return NULL;
+}
+
 static bool check_failures(coll_run_t *r, const int *h, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        xfer_t *x = &r->x[h[i]];
-        if (req_failed(x->req)) return fail_at(r, p2p_req_state(x->req), x, "%s", slime_req_error(x->req));
-    }
-    for (size_t i = 0; i < r->nx; i++) {
-        xfer_t *x = &r->x[i];
-        if (x->req && req_failed(x->req))
-            return fail_at(r, p2p_req_state(x->req), x, "%s", slime_req_error(x->req));
-    }
+    char text[600];
+    xfer_t *x = first_failed(r, h, n);
+    slime_status_t told = abort_received(r->comm, text, sizeof text);
+    /* A member that gives up tells us why, then cancels our messages to
+     * it: with its notice in, the cancel is the effect and the notice the
+     * cause (the same connection delivered both, in that order). */
+    if (x && !(told != SLIME_OK && p2p_req_state(x->req) == SLIME_ERR_CANCELED))
+        return fail_at(r, p2p_req_state(x->req), x, "%s", slime_req_error(x->req));
     if (atomic_load(&r->comm->closing))
         return run_fail(r, SLIME_ERR_CLOSED, "%s: communicator destroyed while the collective ran", r->phase);
-    char text[600];
-    slime_status_t st = abort_received(r->comm, text, sizeof text);
-    if (st != SLIME_OK) return run_fail(r, st, "%s: %s", r->phase, text);
+    if (told != SLIME_OK) return run_fail(r, told, "%s: %s", r->phase, text);
     return true;
 }
 
