@@ -17,13 +17,7 @@
 
 #include "transport/shm_peermap.h"
 
-#define CHECK(c)                                                                  \
-    do {                                                                          \
-        if (!(c)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); \
-            exit(1);                                                              \
-        }                                                                         \
-    } while (0)
+#include "../c/unit_check.h"
 
 #define BLOCK (64u << 10)
 #define BASE 0x7f0000000000ull /* the block's start in the "owner" */

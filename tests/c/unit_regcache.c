@@ -18,13 +18,7 @@
 #include "core/md.h"
 #include "core/regcache.h"
 
-#define CHECK(c)                                                          \
-    do {                                                                  \
-        if (!(c)) {                                                       \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); \
-            exit(1);                                                      \
-        }                                                                 \
-    } while (0)
+#include "unit_check.h"
 
 #define PG 4096u
 
