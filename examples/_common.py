@@ -72,6 +72,22 @@ def fit(model, steps, data_seed):
     return losses, time.perf_counter() - start
 
 
+def parse_steps(default=30):
+    """The training examples' --steps."""
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=default)
+    return parser.parse_args().steps
+
+
+def same_as_gloo(ours, gloo, size):
+    """Whether two runs' tensors are equal: bit for bit on 2 ranks (a sum
+    of two floats has one rounding), to rounding on more."""
+    if size <= 2:
+        return all(torch.equal(a, b) for a, b in zip(ours, gloo))
+    return all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(ours, gloo))
+
+
 def main(body):
     """Runs body(rank, size, gloo) and exits 0 only if it passed on every
     rank."""

@@ -10,13 +10,11 @@ of two floats has one possible rounding; within float rounding beyond).
 Exits non-zero if a check fails.
 """
 
-import argparse
-
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from _common import check, fit, main, mlp, say
+from _common import check, fit, main, mlp, parse_steps, same_as_gloo, say
 
 
 def train(group, rank, steps):
@@ -27,9 +25,7 @@ def train(group, rank, steps):
 
 
 def body(rank, size, gloo):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=30)
-    steps = parser.parse_args().steps
+    steps = parse_steps()
     params, losses, seconds = train(dist.group.WORLD, rank, steps)
     check(losses[-1] < 0.5 * losses[0], f"loss fell from {losses[0]:.4f} to {losses[-1]:.4f}")
     # Every rank holds the same model.
@@ -39,11 +35,7 @@ def body(rank, size, gloo):
     check(all(torch.equal(c, flat) for c in copies), "ranks hold the same parameters")
     # The same loop on Gloo.
     gloo_params, gloo_losses, gloo_seconds = train(gloo, rank, steps)
-    if size <= 2:
-        same = all(torch.equal(a, b) for a, b in zip(params, gloo_params))
-    else:
-        same = all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(params, gloo_params))
-    check(same, "parameters equal Gloo's")
+    check(same_as_gloo(params, gloo_params, size), "parameters equal Gloo's")
     say(f"{steps} steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
         f"{seconds / steps * 1e3:.2f} ms/step on dlslime, "
         f"{gloo_seconds / steps * 1e3:.2f} ms/step on gloo; parameters equal Gloo's")

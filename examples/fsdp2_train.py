@@ -12,14 +12,12 @@ two floats has one possible rounding; within float rounding beyond).
 Exits non-zero if a check fails.
 """
 
-import argparse
-
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from _common import check, fit, main, mlp, say
+from _common import check, fit, main, mlp, parse_steps, same_as_gloo, say
 
 
 def train(group, rank, steps):
@@ -35,20 +33,14 @@ def train(group, rank, steps):
 
 
 def body(rank, size, gloo):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=30)
-    steps = parser.parse_args().steps
+    steps = parse_steps()
     params, losses, seconds = train(dist.group.WORLD, rank, steps)
     check(losses[-1] < 0.5 * losses[0], f"loss fell from {losses[0]:.4f} to {losses[-1]:.4f}")
     gloo_params, gloo_losses, gloo_seconds = train(gloo, rank, steps)
-    if size <= 2:
-        same = (losses == gloo_losses
-                and all(torch.equal(a, b) for a, b in zip(params, gloo_params)))
-    else:
-        same = (torch.allclose(torch.tensor(losses), torch.tensor(gloo_losses), rtol=1e-4)
-                and all(torch.allclose(a, b, rtol=1e-4, atol=1e-6)
-                        for a, b in zip(params, gloo_params)))
-    check(same, "losses and parameters equal Gloo's")
+    same_losses = (losses == gloo_losses if size <= 2 else
+                   torch.allclose(torch.tensor(losses), torch.tensor(gloo_losses), rtol=1e-4))
+    check(same_losses and same_as_gloo(params, gloo_params, size),
+          "losses and parameters equal Gloo's")
     say(f"{steps} steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
         f"{seconds / steps * 1e3:.2f} ms/step on dlslime, "
         f"{gloo_seconds / steps * 1e3:.2f} ms/step on gloo; losses and parameters equal Gloo's")

@@ -14,14 +14,12 @@ rounding beyond) and, within float rounding, the matching slices of the
 unsharded model.  Exits non-zero if a check fails.
 """
 
-import argparse
-
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
-from _common import HIDDEN, IN, OUT, check, fit, main, say
+from _common import HIDDEN, IN, OUT, check, fit, main, parse_steps, say
 
 
 def train(model, steps):
@@ -46,9 +44,7 @@ def shards_of(model, rank, size):
 
 
 def body(rank, size, gloo):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=30)
-    steps = parser.parse_args().steps
+    steps = parse_steps()
     # torch's row-wise Linear needs its input features split evenly.
     check(HIDDEN % size == 0, f"{HIDDEN} hidden features split over {size} ranks "
                               f"(run 1, 2, 4, ... ranks)")
