@@ -163,6 +163,10 @@ async def _anext(agen):
     return await agen.__anext__()
 
 
+async def _aclose(agen):
+    await agen.aclose()
+
+
 class _Producer:
     """One open stream at the server: its generator, advanced by pulls
     under its lock, the items asked for ahead kept until their pull."""
@@ -207,6 +211,11 @@ class _Producer:
             raise outcome[1]
         return outcome
 
+    def done(self):
+        """Ended, and every item made handed out: pulls of earlier items
+        taken by other threads may still be on their way."""
+        return self.finished and not self.ready
+
     def close_if_cancelled(self, wait_s=0.0):
         """Closes the generator once cancelled, waiting up to wait_s for a
         pull inside it to finish its item.  Whoever holds the lock calls
@@ -222,7 +231,7 @@ class _Producer:
                 if self.loop is None:
                     self.gen.close()
                 else:
-                    asyncio.run_coroutine_threadsafe(self.gen.aclose(), self.loop).result(CLOSE_TIMEOUT_S)
+                    asyncio.run_coroutine_threadsafe(_aclose(self.gen), self.loop).result(CLOSE_TIMEOUT_S)
         except Exception:
             pass  # the generator's own cleanup failed: nobody is left to tell
         finally:
@@ -290,7 +299,7 @@ class Streams:
         try:
             return producer.pull(seq)
         finally:
-            if producer.finished:
+            if producer.done():
                 with self._lock:
                     self._open.pop(sid, None)
 
