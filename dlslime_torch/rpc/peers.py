@@ -92,7 +92,11 @@ class Job:
             _jobs.append(self)
         if shared:
             runtime.add_close_hook(_leave_shared)
-        store.set(f"dlslime_rpc/addr/{self.name}", bytes(self.ctx.address()))
+        try:
+            store.set(f"dlslime_rpc/addr/{self.name}", bytes(self.ctx.address()))
+        except BaseException:
+            self.shutdown()
+            raise
 
     # ---- finding peers ----
     def connect(self, peer, timeout_s):

@@ -41,6 +41,7 @@ def stream_session(rank, size, store, transport):
             _check_cancel(feed)
             _check_backpressure(feed)
             _check_timeout(feed)
+            _check_bad_pulls(feed)
     finally:
         store.set("stop", "1")
         rpc.shutdown()
@@ -149,6 +150,42 @@ def _check_timeout(feed):
         next(s)
     produced, end = wait_end(feed, "slow")
     assert end == "GeneratorExit" and produced <= 2 + 8
+
+
+def _check_bad_pulls(feed):
+    """A client that does not follow the protocol gets errors; the
+    server's streams go on."""
+    call = feed.count._call              # the stream's calls, made by hand
+    sid = call("open", ("bad", 3), {}).wait()
+    for op, text in [(("next", sid + 1, 0), "not open"), (("next", sid, 1 << 20), "ahead"),
+                     (("next", sid, "x"), "TypeError"), (("seek", sid), "unknown operation"),
+                     (("next",), "TypeError")]:
+        with pytest.raises(rpc.RemoteRpcError, match=text):
+            call(*op).wait()
+    assert call("next", sid, 0).wait()[1]["i"] == 0
+    assert call("close", sid).wait() is None
+    assert call("close", sid).wait() is None          # closing again: nothing
+    assert feed.progress("bad").wait() == (1, "GeneratorExit")
+
+
+def test_generator_methods_are_streams():
+    class Svc:
+        @rpc.method
+        def gen(self):
+            yield 1
+
+        @rpc.method
+        async def agen(self):
+            yield 1
+
+        @rpc.method
+        def plain(self):
+            return 1
+
+    kinds = {name: kind for name, (_, kind, _) in rpc.service.spec_of(Svc).methods.items()}
+    assert kinds == {"gen": "stream", "agen": "stream", "plain": "default"}
+    with pytest.raises(ValueError, match="generator"):
+        rpc.method(raw=True)(Svc.gen)
 
 
 def test_stream_cases(transport):
