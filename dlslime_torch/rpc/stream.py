@@ -4,7 +4,8 @@ A stream is three kinds of default call on the method's id, so each
 item (and its tensors, out of band) travels as any call's result does:
 ("open", args, kwargs) starts the generator and returns its stream id;
 ("next", sid, seq) returns (True, item number seq) or (False, None) at
-the end; ("close", sid) stops it.  The caller keeps `window` pulls in
+the end; ("close", sid) stops it, or lets an ended one go (the caller
+sends it however its stream ends).  The caller keeps `window` pulls in
 flight: the producer runs at most that many items ahead of the consumer,
 so a slow consumer pauses it and memory stays bounded on both sides.
 The generator is advanced only by pulls, in order of seq whichever
@@ -41,22 +42,31 @@ class StreamMethod:
     at most DEFAULT_WINDOW ahead, the proxy's timeout per item);
     with_options(window=, timeout=) gives a caller with other ones."""
 
-    __slots__ = ("_call", "_proxy", "__name__")
+    __slots__ = ("_call", "_proxy", "_closing", "_lock", "__name__")
 
     def __init__(self, proxy, name, mid, kind):
         assert kind == KIND_STREAM
         self._call = client._Method(proxy, name, mid, KIND_DEFAULT)
         self._proxy = proxy
+        self._closing = []
+        self._lock = threading.Lock()
         self.__name__ = name
 
     def __call__(self, *args, **kwargs):
-        return Stream(self._call, args, kwargs, DEFAULT_WINDOW, self._proxy.timeout)
+        return Stream(self, args, kwargs, DEFAULT_WINDOW, self._proxy.timeout)
+
+    def linger(self, future):
+        """Keeps a close nobody waits for until it is done: a request
+        dropped while it waits for a credit is never sent."""
+        with self._lock:
+            self._closing = [f for f in self._closing if not f.done()]
+            self._closing.append(future)
 
     def with_options(self, *, window=DEFAULT_WINDOW, timeout=None):
         if not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
             raise ValueError(f"a stream's window is 1..{MAX_WINDOW} items, not {window!r}")
         timeout = self._proxy.timeout if timeout is None else timeout
-        return lambda *args, **kwargs: Stream(self._call, args, kwargs, window, timeout)
+        return lambda *args, **kwargs: Stream(self, args, kwargs, window, timeout)
 
 
 class Stream:
@@ -66,8 +76,9 @@ class Stream:
     Each item waits at most `timeout` seconds (RpcTimeoutError, and the
     stream is closed)."""
 
-    def __init__(self, call, args, kwargs, window, timeout):
-        self._call = call
+    def __init__(self, method, args, kwargs, window, timeout):
+        self._method = method
+        self._call = method._call
         self._request = (args, kwargs)
         self._window = window
         self._timeout = timeout
@@ -108,26 +119,28 @@ class Stream:
                 self._seq += 1
             item = self._pulls.popleft().wait(self._timeout)
         except BaseException:
-            # the server may still hold the generator (a reply that could
-            # not be encoded, a timeout): closing an ended one is a no-op
-            self._end(cancel=True, wait=False)
+            self._end(wait=False)
             raise
         if not item[0]:
-            self._end(cancel=False, wait=False)
+            self._end(wait=False)
             return _END
         return item
 
-    def _end(self, cancel, wait):
-        """Finishes the stream; the pulls still in flight are abandoned
-        (their late replies dropped)."""
+    def _end(self, wait):
+        """Finishes the stream: the pulls still in flight are abandoned
+        (their late replies dropped), and the server is told to let the
+        stream go, ended or not (after an error, a timeout, a reply
+        that could not be encoded, it may still hold the generator)."""
         self._done = True
         self._pulls.clear()
-        if not cancel or self._sid is None:
+        if self._sid is None:
             return
         try:
             closing = self._call("close", self._sid)
             if wait:
                 closing.wait(self._timeout)
+            else:
+                self._method.linger(closing)
         except RpcError:
             pass  # the server or the proxy is gone: nothing runs there to stop
 
@@ -135,7 +148,7 @@ class Stream:
         """Stops the producer and waits until the server has (at most the
         per-item timeout)."""
         if not self._done:
-            self._end(cancel=True, wait=True)
+            self._end(wait=True)
 
     async def aclose(self):
         await asyncio.get_running_loop().run_in_executor(None, self.close)
@@ -154,7 +167,7 @@ class Stream:
 
     def __del__(self):
         if not getattr(self, "_done", True):
-            self._end(cancel=True, wait=False)
+            self._end(wait=False)
 
 
 # ---------------------------------------------------------------- server
@@ -210,11 +223,6 @@ class _Producer:
         if outcome[0] is False and outcome[1] is not None:
             raise outcome[1]
         return outcome
-
-    def done(self):
-        """Ended, and every item made handed out: pulls of earlier items
-        taken by other threads may still be on their way."""
-        return self.finished and not self.ready
 
     def close_if_cancelled(self, wait_s=0.0):
         """Closes the generator once cancelled, waiting up to wait_s for a
@@ -296,12 +304,9 @@ class Streams:
         if producer is None:
             raise RpcError(f"stream {sid} is not open here (it ended, was closed, or was idle "
                            f"for more than {self.idle_timeout} s)")
-        try:
-            return producer.pull(seq)
-        finally:
-            if producer.done():
-                with self._lock:
-                    self._open.pop(sid, None)
+        # an ended stream stays for the pulls past its end, in flight
+        # still, until its caller closes it (or leaves it idle)
+        return producer.pull(seq)
 
     def _cancel(self, sid, wait_s=0.0):
         with self._lock:

@@ -42,6 +42,8 @@ def stream_session(rank, size, store, transport):
             _check_backpressure(feed)
             _check_timeout(feed)
             _check_bad_pulls(feed)
+        with rpc.proxy("server", Feed, timeout=60, credits=2) as feed:
+            _check_cancel_few_credits(feed)
     finally:
         store.set("stop", "1")
         rpc.shutdown()
@@ -123,6 +125,17 @@ def _check_cancel(feed):
     s.close()
     assert feed.progress("c3").wait()[1] == "GeneratorExit"
     s.close()                                                  # twice: nothing more
+
+
+def _check_cancel_few_credits(feed):
+    """A window beyond the client's credits: the pulls queue behind each
+    other, and the close sent on leaving the loop still gets out."""
+    for window in (8, 1):
+        for x in feed.count.with_options(window=window)(f"cc{window}", None, nbytes=100):
+            if x["i"] == 4:
+                break
+        assert wait_end(feed, f"cc{window}")[1] == "GeneratorExit"
+    assert [x["i"] for x in feed.count.with_options(window=8)("cc", 20)] == list(range(20))
 
 
 def _check_backpressure(feed):
