@@ -42,14 +42,13 @@ class StreamMethod:
     at most DEFAULT_WINDOW ahead, the proxy's timeout per item);
     with_options(window=, timeout=) gives a caller with other ones."""
 
-    __slots__ = ("_call", "_proxy", "_closing", "_lock", "__name__")
+    __slots__ = ("_call", "_proxy", "_closing", "__name__")
 
     def __init__(self, proxy, name, mid, kind):
         assert kind == KIND_STREAM
         self._call = client._Method(proxy, name, mid, KIND_DEFAULT)
         self._proxy = proxy
-        self._closing = []
-        self._lock = threading.Lock()
+        self._closing = collections.deque()
         self.__name__ = name
 
     def __call__(self, *args, **kwargs):
@@ -57,10 +56,17 @@ class StreamMethod:
 
     def linger(self, future):
         """Keeps a close nobody waits for until it is done: a request
-        dropped while it waits for a credit is never sent."""
-        with self._lock:
-            self._closing = [f for f in self._closing if not f.done()]
-            self._closing.append(future)
+        dropped while it waits for a credit is never sent.  No lock: it
+        runs from __del__, wherever the collector runs; each deque
+        operation is atomic, and a close popped not done goes back."""
+        self._closing.append(future)
+        for _ in range(len(self._closing)):
+            try:
+                f = self._closing.popleft()
+            except IndexError:
+                break
+            if not f.done():
+                self._closing.append(f)
 
     def with_options(self, *, window=DEFAULT_WINDOW, timeout=None):
         if not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
@@ -344,6 +350,7 @@ class Streams:
             reaper.join()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._loop_thread.join()
-            self._loop.close()
+            self._loop_thread.join(CLOSE_TIMEOUT_S)
+            if not self._loop_thread.is_alive():  # else a generator blocks it: left to exit
+                self._loop.close()
             self._loop = None
