@@ -14,8 +14,9 @@ INLINE_ROOM = 64 * 1024 - 48  # a default slot less its header
 
 
 class Server:
-    """A service served on this process's context.  start() runs worker
-    threads; serve_forever() blocks; stop() ends both."""
+    """A service served in job (else the default job).  start() runs worker
+    threads; serve_forever() blocks; stop() ends both.  A stream nobody
+    pulls for stream_idle_timeout seconds is closed (its caller is gone)."""
 
     def __init__(self, service, *, threads=1, reply_timeout=30.0, slot_size=None, credits=None,
                  publish=True, job=None, stream_idle_timeout=stream.IDLE_TIMEOUT):
