@@ -65,11 +65,15 @@ def test_reinit_with_new_stores(transport):
 def two_jobs_session(rank, size, store, transport):
     """Rank 0 is in jobs A and B at once; rank 1 serves in A, rank 2 in B."""
     store_a, store_b = dist.PrefixStore("jobA", store), dist.PrefixStore("jobB", store)
-    if rank in (1, 2):
-        job = rpc.init(f"server{rank}", store=store_a if rank == 1 else store_b)
+    if rank == 1:                                  # the default job's module-level API
+        job = rpc.init("server1", store=store_a)
         with rpc.Server(Calc(), threads=1).start():
             store.wait(["stop"])
         rpc.shutdown()
+        return job.token
+    if rank == 2:                                  # a Job's own API, no default job
+        with rpc.Job("server2", store_b) as job, job.Server(Calc(), threads=1).start():
+            store.wait(["stop"])
         return job.token
     job_a = rpc.init("driver", store=store_a)
     with pytest.raises(rpc.RpcError, match="rpc.Job"):
