@@ -17,6 +17,19 @@
     p = rpc.proxy(1, Echo)                 # or rpc.proxy("server", Echo)
     p.add(torch.ones(4), 2).wait(timeout=5)
 
+A generator method (def or async def with yield) is a stream: the caller
+iterates its items as they come, `for x in p.gen(n)` or `async for`, with
+at most a window of items in flight (p.gen.with_options(window=4,
+timeout=5)(n)); leaving the loop early or close() stops the generator
+(GeneratorExit), and an exception in it reaches the caller after the
+items before it (stream.py).
+
+rpc.init returns the default Job, the one the module-level functions
+use; rpc.shutdown() leaves it, and rpc.init(name, store=<another store>)
+joins another.  rpc.Job(name, store) joins a further job at the same
+time (job.proxy, job.Server, job.serve, job.shutdown): each job has its
+own token, and a peer of one job is refused by another (peers.py).
+
 The datapath is the C core's (csrc/rpc/, rpc.h): requests and replies
 land in pre-posted receive slots with credit-based flow control, larger
 payloads move by a bulk transfer on the same endpoint.
@@ -24,9 +37,10 @@ payloads move by a bulk transfer on the same endpoint.
 
 from .client import Future, Proxy, proxy, wait_all
 from .errors import RemoteRpcError, RpcError, RpcTimeoutError
-from .peers import init, shutdown
+from .peers import Job, init, shutdown
 from .server import Server, serve, serve_once
 from .service import method
+from .stream import Stream
 
-__all__ = ["method", "serve", "serve_once", "Server", "proxy", "Proxy", "Future", "wait_all", "init",
-           "shutdown", "RpcError", "RpcTimeoutError", "RemoteRpcError"]
+__all__ = ["method", "serve", "serve_once", "Server", "proxy", "Proxy", "Future", "Stream", "wait_all",
+           "init", "shutdown", "Job", "RpcError", "RpcTimeoutError", "RemoteRpcError"]

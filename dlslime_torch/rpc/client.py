@@ -4,9 +4,9 @@ import asyncio
 import time
 
 from .. import _C
-from . import codec, peers
+from . import codec, peers, stream
 from .errors import RpcError, RpcTimeoutError, decode_remote
-from .service import KIND_DEFAULT, spec_of
+from .service import KIND_DEFAULT, KIND_STREAM, spec_of
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -123,16 +123,17 @@ class _Method:
 
 
 class Proxy:
-    """The client side of a service at one peer: each method returns a
-    Future."""
+    """The client side of a service at one peer (in job, else the default
+    job): each method returns a Future, a generator method a Stream."""
 
-    def __init__(self, peer, service_cls, timeout=DEFAULT_TIMEOUT, credits=None, slot_size=None):
+    def __init__(self, peer, service_cls, timeout=DEFAULT_TIMEOUT, credits=None, slot_size=None, job=None):
         self.spec = spec_of(service_cls)
         self.peer = peer
         self.timeout = timeout
-        peers.wait_service(peer, self.spec.name, timeout)
-        ep = peers.connect(peer, timeout)
-        ctx = peers.runtime.current()
+        self.job = peers.job(job)
+        self.job.wait_service(peer, self.spec.name, timeout)
+        ep = self.job.connect(peer, timeout)
+        ctx = self.job.ctx
         try:
             self._client = _C.RpcClient(ctx, ep, self.spec.port, self.spec.digest, timeout_ms=_ms(timeout),
                                         credits=credits, slot_size=slot_size)
@@ -141,14 +142,15 @@ class Proxy:
         except _C.SlimeError as exc:
             raise RpcError(f"rpc: cannot open a channel to {self.spec.name} at peer '{peer}': {exc}") from exc
         for name, (mid, kind, _) in self.spec.methods.items():
-            setattr(self, name, _Method(self, name, mid, kind))
-        peers.track(self)
+            make = stream.StreamMethod if kind == KIND_STREAM else _Method
+            setattr(self, name, make(self, name, mid, kind))
+        self.job.track(self)
 
     def close(self):
         client, self._client = self._client, None
         if client is not None:
             client.close()
-        peers.untrack(self)
+        self.job.untrack(self)
 
     def __enter__(self):
         return self

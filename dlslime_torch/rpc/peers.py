@@ -1,31 +1,37 @@
-"""How RPC peers find each other: names in a torch.distributed store.
+"""RPC jobs: how peers find each other and which token they must hold.
 
-Each process taking part publishes its context's address blob under its
-name ("dlslime_rpc/addr/<name>"), and a server publishes each service it
-serves ("dlslime_rpc/svc/<name>/<service>") once it is ready.  Inside a
-torchrun job with a default process group, the group's store is used and
-a rank's name is its number; outside one, rpc.init(name, store=TCPStore)
-names the process.  The context is the process-wide one of
-dlslime_torch.runtime, so RPC shares the backend's connections.
+A job is the processes that share one torch.distributed store.  Each
+publishes its context's address blob under its name
+("dlslime_rpc/addr/<name>"), and a server publishes each service it
+serves ("dlslime_rpc/svc/<name>/<service>") once it is ready.  The first
+process to join picks the job's token ("dlslime_rpc/token"); a peer
+holding another token is refused at the handshake.
+
+A process may be in several jobs at once and may leave one and join
+another any number of times, so each Job holds its own token and the
+context that checks its peers against it: the process-wide context of
+dlslime_torch.runtime when that was made with the same token (inside a
+torchrun job on the dlslime backend: RPC shares the backend's
+connections), else a context of the job's own, closed with the job.
+rpc.init makes the default job, the one the module-level functions use;
+inside torchrun it is made on first use, named by the rank, in the
+default group's store.
 """
 
+import atexit
 import os
 import secrets
 import threading
 from datetime import timedelta
 
-from .. import runtime
+from .. import _C, runtime
 from .errors import RpcError
 
+TOKEN_KEY = "dlslime_rpc/token"
+
 _lock = threading.RLock()
-_state = None  # (name, store)
-_closables = []  # servers and clients to close before the context
-
-
-class _State:
-    def __init__(self, name, store):
-        self.name = name
-        self.store = store
+_default = None
+_jobs = []  # live jobs, left at exit
 
 
 def _default_group_store():
@@ -38,55 +44,15 @@ def _default_group_store():
     return str(dist.get_rank()), dist.distributed_c10d._get_default_store()
 
 
-def _job_token(store):
-    existing = runtime.token()
-    if existing is not None:
-        return existing
+def _job_token(store, group_store):
     env = os.environ.get("DLSLIME_TOKEN")
     if env:
         return env.encode()
-    # the first process to get here picks the job's secret
-    mine = secrets.token_hex(16)
-    return bytes(store.compare_set("dlslime_rpc/token", "", mine))
-
-
-def init(name=None, store=None):
-    """Joins RPC as `name`, publishing this process's address in store.
-
-    Inside torchrun (a default process group exists) both may be left
-    out: the name is the rank and the store the group's.  Calling it again
-    with the same name does nothing."""
-    global _state
-    with _lock:
-        if store is None or name is None:
-            rank_name, group_store = _default_group_store()
-            name = rank_name if name is None else name
-            store = group_store if store is None else store
-        if store is None or name is None:
-            raise RpcError("rpc.init: outside a torchrun job, give a name and a store "
-                           "(torch.distributed.TCPStore)")
-        name = str(name)
-        if _state is not None:
-            if _state.name != name:
-                raise RpcError(f"rpc.init: this process is '{_state.name}' already")
-            return _state
-        ctx = runtime.context(_job_token(store))
-        runtime.add_close_hook(_close_all)
-        store.set(f"dlslime_rpc/addr/{name}", bytes(ctx.address()))
-        _state = _State(name, store)
-        return _state
-
-
-def state():
-    """The RPC state, made by init() (implicitly inside torchrun)."""
-    with _lock:
-        if _state is not None:
-            return _state
-    return init()
-
-
-def peer_name(peer):
-    return str(peer)
+    # The backend's token is offered only to the backend's own store: a
+    # job in another store would learn the secret of the torchrun job.
+    mine = runtime.token() if group_store else None
+    mine = mine or secrets.token_hex(16).encode()
+    return bytes(store.compare_set(TOKEN_KEY, "", mine))
 
 
 def wait_key(store, key, timeout_s, what):
@@ -98,47 +64,157 @@ def wait_key(store, key, timeout_s, what):
     return store.get(key)
 
 
-def connect(peer, timeout_s):
-    """The endpoint to the process named peer."""
-    st = state()
-    name = peer_name(peer)
-    addr = wait_key(st.store, f"dlslime_rpc/addr/{name}", timeout_s, f"rpc: peer '{name}'")
-    return runtime.connect(addr, int(timeout_s * 1000))
+class Job:
+    """This process's part in one job: Job(name, store) joins it (both
+    may be left out inside torchrun: the rank, the group's store).
+    proxy(), Server(), serve() work as the module's functions do, in
+    this job; shutdown() (or leaving a with block) closes its servers,
+    proxies and own context."""
+
+    def __init__(self, name=None, store=None):
+        group_store = None
+        if store is None or name is None:
+            rank_name, group_store = _default_group_store()
+            name = rank_name if name is None else name
+            store = group_store if store is None else store
+        if store is None or name is None:
+            raise RpcError("rpc: outside a torchrun job, give a name and a store "
+                           "(torch.distributed.TCPStore)")
+        self.name = str(name)
+        self.store = store
+        self.token = _job_token(store, store is group_store)
+        self._closables = []
+        self._closed = False
+        with _lock:
+            shared = runtime.token() == self.token
+            self.ctx = runtime.context(self.token) if shared else _C.Context(token=self.token)
+            self._owns_ctx = not shared
+            _jobs.append(self)
+        if shared:
+            runtime.add_close_hook(_leave_shared)
+        try:
+            store.set(f"dlslime_rpc/addr/{self.name}", bytes(self.ctx.address()))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ---- finding peers ----
+    def connect(self, peer, timeout_s):
+        """The endpoint to the process named peer in this job."""
+        self._check_open()
+        key = f"dlslime_rpc/addr/{peer}"
+        addr = wait_key(self.store, key, timeout_s, f"rpc: peer '{peer}'")
+        try:
+            return self.ctx.connect(bytes(addr), timeout_ms=max(0, int(timeout_s * 1000)))
+        except _C.SlimeError as exc:
+            raise RpcError(f"rpc: cannot connect to peer '{peer}' of job '{self.name}': {exc}") from exc
+
+    def publish_service(self, service_name):
+        self.store.set(f"dlslime_rpc/svc/{self.name}/{service_name}", b"1")
+
+    def wait_service(self, peer, service_name, timeout_s):
+        wait_key(self.store, f"dlslime_rpc/svc/{peer}/{service_name}", timeout_s,
+                 f"rpc: no server for {service_name} at peer '{peer}'")
+
+    # ---- what rides the job ----
+    def proxy(self, peer, service_cls, **kwargs):
+        from .client import Proxy
+        return Proxy(peer, service_cls, job=self, **kwargs)
+
+    def Server(self, service, **kwargs):  # noqa: N802  (named as the class it makes)
+        from .server import Server
+        return Server(service, job=self, **kwargs)
+
+    def serve(self, service, **kwargs):
+        from .server import serve
+        return serve(service, job=self, **kwargs)
+
+    def track(self, obj):
+        with _lock:
+            self._check_open()
+            self._closables.append(obj)
+
+    def untrack(self, obj):
+        with _lock:
+            if obj in self._closables:
+                self._closables.remove(obj)
+
+    def _check_open(self):
+        if self._closed:
+            raise RpcError(f"rpc: job '{self.name}' is shut down")
+
+    def shutdown(self):
+        """Closes this job's servers and proxies, then its own context
+        (a shared one stays with dlslime_torch.runtime)."""
+        global _default
+        with _lock:
+            if self._closed:
+                return
+            self._closed = True
+            objs, self._closables = self._closables, []
+            if self in _jobs:
+                _jobs.remove(self)
+            if _default is self:
+                _default = None
+        for obj in reversed(objs):
+            obj.close()
+        if self._owns_ctx:
+            self.ctx.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
 
 
-def publish_service(service_name):
-    st = state()
-    st.store.set(f"dlslime_rpc/svc/{st.name}/{service_name}", b"1")
-
-
-def wait_service(peer, service_name, timeout_s):
-    st = state()
-    wait_key(st.store, f"dlslime_rpc/svc/{peer_name(peer)}/{service_name}", timeout_s,
-             f"rpc: no server for {service_name} at peer '{peer}'")
-
-
-def track(obj):
+def init(name=None, store=None):
+    """Joins the default job as `name`, publishing this process's address
+    in store, and returns it (a Job).  Inside torchrun both may be left
+    out.  Calling it again for the same name and store returns the same
+    job; for another job, shutdown() first, or make a second Job."""
+    global _default
     with _lock:
-        _closables.append(obj)
+        job = _default
+        if job is not None:
+            if job.name == str(name if name is not None else job.name) and store in (None, job.store):
+                return job
+            raise RpcError(f"rpc.init: this process is '{job.name}' in a job already; "
+                           f"rpc.shutdown() it first, or join another with rpc.Job(name, store)")
+        _default = Job(name, store)
+        return _default
 
 
-def untrack(obj):
+def job(given=None):
+    """given, else the default job (made on first use inside torchrun)."""
+    if given is not None:
+        return given
     with _lock:
-        if obj in _closables:
-            _closables.remove(obj)
-
-
-def _close_all():
-    global _state
-    with _lock:
-        objs = list(_closables)
-        _closables.clear()
-        _state = None
-    for obj in reversed(objs):
-        obj.close()
+        if _default is not None:
+            return _default
+    return init()
 
 
 def shutdown():
-    """Closes every server and client of this process (the context stays
-    with dlslime_torch.runtime)."""
-    _close_all()
+    """Leaves the default job: closes its servers, proxies and own context.
+    Other Jobs stay until their own shutdown()."""
+    with _lock:
+        current = _default
+    if current is not None:
+        current.shutdown()
+
+
+def _leave_shared():
+    """The process-wide context is closing: the jobs riding it end first."""
+    with _lock:
+        riding = [j for j in _jobs if not j._owns_ctx]
+    for j in riding:
+        j.shutdown()
+
+
+@atexit.register
+def _leave_all():
+    with _lock:
+        live = list(_jobs)
+    for j in reversed(live):
+        j.shutdown()

@@ -5,7 +5,7 @@ import threading
 import traceback
 
 from .. import _C
-from . import codec, peers
+from . import codec, peers, stream
 from .errors import RpcError, encode_remote
 from .service import KIND_DEFAULT, KIND_INPLACE, spec_of
 
@@ -14,29 +14,31 @@ INLINE_ROOM = 64 * 1024 - 48  # a default slot less its header
 
 
 class Server:
-    """A service served on this process's context.  start() runs worker
-    threads; serve_forever() blocks; stop() ends both."""
+    """A service served in job (else the default job).  start() runs worker
+    threads; serve_forever() blocks; stop() ends both.  A stream nobody
+    pulls for stream_idle_timeout seconds is closed (its caller is gone)."""
 
     def __init__(self, service, *, threads=1, reply_timeout=30.0, slot_size=None, credits=None,
-                 publish=True):
+                 publish=True, job=None, stream_idle_timeout=stream.IDLE_TIMEOUT):
         self.service = service
         self.spec = spec_of(service)
         self.threads = max(1, int(threads))
         self.reply_timeout_ms = int(reply_timeout * 1000)
-        st = peers.state()
-        ctx = peers.runtime.current()
+        self.job = peers.job(job)
+        ctx = self.job.ctx
         ids = [mid for mid, _, _ in self.spec.methods.values()]
         self._srv = _C.RpcServer(ctx, self.spec.port, self.spec.digest, ids,
                                  slot_size=slot_size, credits=credits)
-        self._handlers = {mid: (getattr(service, name), kind, max_reply)
+        self._streams = stream.Streams(stream_idle_timeout)
+        self._handlers = {mid: self._streams.handler(getattr(service, name), kind, max_reply)
                           for name, (mid, kind, max_reply) in self.spec.methods.items()}
         self._workers = []
         self._stopped = threading.Event()
         self.served = 0
-        peers.track(self)
+        self.job.track(self)
         if publish:
-            peers.publish_service(self.spec.name)
-        self.name = st.name
+            self.job.publish_service(self.spec.name)
+        self.name = self.job.name
 
     # ---- one call ----
     def _answer(self, call):
@@ -121,7 +123,8 @@ class Server:
             if t is not threading.current_thread():
                 t.join()
         self._workers = []
-        peers.untrack(self)
+        self._streams.close()
+        self.job.untrack(self)
 
     def __enter__(self):
         return self

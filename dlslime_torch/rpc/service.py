@@ -10,10 +10,12 @@ are refused at connect time instead of calling the wrong method.
 """
 
 import hashlib
+import inspect
 
 KIND_DEFAULT = "default"   # pickled args and result, tensors as raw bytes
 KIND_RAW = "raw"           # bytes in, bytes-like out
 KIND_INPLACE = "raw_inplace"  # bytes in, reply written into the send buffer
+KIND_STREAM = "stream"     # a generator: the caller iterates its items (stream.py)
 
 
 def method(fn=None, *, raw=False, inplace=False, max_reply=None):
@@ -24,14 +26,21 @@ def method(fn=None, *, raw=False, inplace=False, max_reply=None):
     (no copy, valid during the call) and returns bytes-like;
     @method(raw=True, inplace=True): handler(self, data, out) writes the
     reply into the writable memoryview out (max_reply bytes; default the
-    larger of the request's length and 64 KiB) and returns its length.
+    larger of the request's length and 64 KiB) and returns its length;
+    @method on a generator function (def or async def with yield): a
+    stream, whose items the caller iterates as they come (stream.py).
     """
     if inplace and not raw:
         raise ValueError("@method(inplace=True) needs raw=True")
 
     def mark(f):
-        f.__slime_rpc__ = {"kind": KIND_INPLACE if inplace else KIND_RAW if raw else KIND_DEFAULT,
-                           "max_reply": max_reply}
+        kind = KIND_INPLACE if inplace else KIND_RAW if raw else KIND_DEFAULT
+        if inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f):
+            if raw:
+                raise ValueError(f"{f.__qualname__} is a generator: a stream of Python objects, "
+                                 "not a raw method")
+            kind = KIND_STREAM
+        f.__slime_rpc__ = {"kind": kind, "max_reply": max_reply}
         return f
 
     return mark(fn) if fn is not None else mark

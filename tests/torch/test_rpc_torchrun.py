@@ -26,6 +26,7 @@ def rpc_between_ranks(rank, size, store):
     out = None
     if rank == 0:
         calc = rpc.proxy(1, Calc)
+        assert calc.job.ctx is ctx  # the default job rides the backend's context
         t = torch.arange(1000, dtype=torch.float32)
         out = calc.add(t, t).wait()
         assert torch.equal(out, 2 * t)
