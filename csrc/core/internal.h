@@ -451,7 +451,7 @@ slime_status_t live_silence_env(uint64_t *silence_ns);
  * we wait on, fails those that did not answer. */
 void live_check(slime_ctx_t *ctx, uint64_t now);
 /* The progress thread's sleep of ms, shortened to the next look. */
-int live_sleep_ms(const slime_ctx_t *ctx, int ms);
+int live_sleep_ms(slime_ctx_t *ctx, int ms);
 /* proto.c's handlers of F_PING and F_PONG. */
 bool live_on_ping(slime_ep_t *ep, const frame_t *h);
 bool live_on_pong(slime_ep_t *ep, const frame_t *h);

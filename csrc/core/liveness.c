@@ -58,15 +58,20 @@ static void send_live_frame(slime_ep_t *ep, uint8_t type) {
     frames_flush(ep);
 }
 
+/* Pings and pongs carry nothing: a frame with anything in it is malformed. */
+static bool empty_frame(const frame_t *h) {
+    return !(h->flags | h->u32 | h->rkey) && !(h->a | h->b | h->c | h->d | h->len);
+}
+
 bool live_on_ping(slime_ep_t *ep, const frame_t *h) {
-    if (h->len || h->flags) return false;
+    if (!empty_frame(h)) return false;
     send_live_frame(ep, F_PONG);
     return true;
 }
 
 bool live_on_pong(slime_ep_t *ep, const frame_t *h) {
     (void)ep; /* frames_rx counts every frame heard: nothing more to do */
-    return h->len == 0 && h->flags == 0;
+    return empty_frame(h);
 }
 
 /* Whether req needs the peer's progress engine to complete. */
@@ -137,8 +142,18 @@ void live_check(slime_ctx_t *ctx, uint64_t now) {
     ctx->live_armed = armed;
 }
 
-int live_sleep_ms(const slime_ctx_t *ctx, int ms) {
-    if (!ctx->live_armed) return ms;
+int live_sleep_ms(slime_ctx_t *ctx, int ms) {
+    if (!ctx->silence_ns) return ms;
+    /* an operation posted since the last look may wait on a peer: look
+     * again when due, not after a long sleep */
+    bool soon = ctx->live_armed;
+    slime_list_t *pos;
+    for (pos = ctx->eps.next; pos != &ctx->eps && !soon; pos = pos->next) {
+        slime_ep_t *ep = container_of(pos, slime_ep_t, link);
+        soon = ep->state == EP_UP &&
+               (!list_empty(&ep->pending) || !list_empty(&ep->imm_waiters) || ep->rx.paused);
+    }
+    if (!soon) return ms;
     uint64_t t = now_ns();
     uint64_t left = ctx->live_next_ns > t ? (ctx->live_next_ns - t + 999999u) / 1000000u : 0;
     return left < (uint64_t)ms ? (int)left : ms;

@@ -86,7 +86,10 @@ def _faulty(rank, size, store, op, sig, note):
     with open(note) as f:
         killed_at, pid = f.read().split()
     if sig == "STOP":                       # its sockets stay open: end it
-        os.kill(int(pid), signal.SIGKILL)
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:          # another survivor did, and it was reaped
+            pass
     return {"error": f"{type(exc).__name__}: {exc}", "after_s": when - float(killed_at)}
 
 
