@@ -124,8 +124,11 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     int force = 0;
     slime_status_t st = transports_parse(opts->transport ? opts->transport : getenv("DLSLIME_TRANSPORT"), &force);
     if (st != SLIME_OK) return st;
+    uint64_t silence_ns;
+    if ((st = live_silence_env(&silence_ns)) != SLIME_OK) return st;
     slime_ctx_t *ctx = ctx_alloc(opts, force);
     if (!ctx) return slime_errorf(SLIME_ERR_NOMEM, "ctx_create");
+    ctx->silence_ns = silence_ns;
     if ((st = epoll_open(ctx)) != SLIME_OK) goto fail_epoll;
     if ((st = mrs_open(ctx)) != SLIME_OK) goto fail_mrs;
     /* before any MR exists: a transport may register every region */
@@ -205,5 +208,6 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
 uint64_t slime_ctx_id(const slime_ctx_t *ctx) { return ctx ? ctx->id : 0; }
 
 uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which) {
+    if (ctx && which == SLIME_COUNTER_PEER_PINGS) return atomic_load(&ctx->live_pings);
     return ctx ? transports_counter(ctx, which) : 0;
 }

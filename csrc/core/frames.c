@@ -27,6 +27,7 @@ static void tx_done(slime_ep_t *ep, txn_t *t) {
     list_del(&t->link);
     if (t->release_handle) mr_own_release(ep->ctx, t->release_handle - 1);
     if (t->req) req_complete(t->req, SLIME_OK, NULL);
+    if (t->hdr.type == F_PING) ep->ping_queued = false;
     free(t);
 }
 
@@ -84,6 +85,8 @@ int frames_flush(slime_ep_t *ep) {
         if ((size_t)w < want) break;
     }
     if (ep->state == EP_UP) arm_out(ep);
+    /* bytes ahead of our ping moved: the peer is reading (liveness.c) */
+    if (moved && ep->ping_queued) ep->heard++;
     return moved > 0;
 }
 
@@ -99,7 +102,15 @@ static void rx_reset(rx_ctx_t *rx) {
     rx->text[0] = 0;
 }
 
+static int rx_frames(slime_ep_t *ep);
+
 int frames_rx(slime_ep_t *ep) {
+    int did = rx_frames(ep);
+    ep->heard += (unsigned)did; /* liveness.c */
+    return did;
+}
+
+static int rx_frames(slime_ep_t *ep) {
     rx_ctx_t *rx = &ep->rx;
     size_t moved = 0;
     uint8_t scratch[16384];

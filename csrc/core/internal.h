@@ -254,6 +254,13 @@ struct slime_ep {
     size_t imm_head, imm_count, imm_cap;
     slime_list_t imm_waiters;
     char desc[256];             /* slime_ep_describe, set when attached */
+    /* peer liveness (liveness.c) */
+    uint64_t heard;             /* bumped when bytes come from the peer */
+    uint64_t heard_seen;        /* ...its value at the last look */
+    uint64_t quiet_since;       /* waiting on the peer, nothing heard since (ns); 0: not waiting */
+    uint64_t told_ns;           /* when we last said we are there, unasked */
+    bool pinged;                /* a ping is out since quiet_since */
+    bool ping_queued;           /* ...and still waits in txq */
 };
 
 slime_ep_t *ep_find(slime_ctx_t *ctx, uint64_t peer_id);
@@ -403,6 +410,11 @@ struct slime_ctx {
     pthread_mutex_t team_mtx;
     _Atomic(team_t *) team;
     _Atomic bool team_failed;   /* no helpers to be had: copy alone */
+    /* peer liveness (liveness.c), looked at by the progress thread */
+    uint64_t silence_ns;        /* DLSLIME_PEER_SILENCE_MS; 0: never */
+    uint64_t live_last_ns, live_next_ns;
+    bool live_armed;            /* an endpoint waits on its peer */
+    _Atomic uint64_t live_pings; /* SLIME_COUNTER_PEER_PINGS */
 };
 
 /* team.c: splits a chunked job between the calling thread and the
@@ -431,6 +443,18 @@ void *progress_thread_main(void *arg);
 /* Runs due callbacks (progress thread only, ctx->lock not held). */
 void run_callbacks(slime_ctx_t *ctx);
 void epoll_update(slime_ctx_t *ctx, slime_ep_t *ep);
+
+/* liveness.c */
+/* DLSLIME_PEER_SILENCE_MS, in ns (the default where unset). */
+slime_status_t live_silence_env(uint64_t *silence_ns);
+/* Under ctx->lock, when ctx->live_next_ns is due: pings the silent peers
+ * we wait on, fails those that did not answer. */
+void live_check(slime_ctx_t *ctx, uint64_t now);
+/* The progress thread's sleep of ms, shortened to the next look. */
+int live_sleep_ms(slime_ctx_t *ctx, int ms);
+/* proto.c's handlers of F_PING and F_PONG. */
+bool live_on_ping(slime_ep_t *ep, const frame_t *h);
+bool live_on_pong(slime_ep_t *ep, const frame_t *h);
 
 /* token.c */
 uint64_t token_digest(const char *domain, const void *tok, size_t len);

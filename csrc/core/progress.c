@@ -204,6 +204,8 @@ void *progress_thread_main(void *arg) {
         pthread_mutex_lock(&ctx->lock);
         int did = progress_locked(ctx);
         bool due = !list_empty(&ctx->callbacks), midway = ctx->midway;
+        uint64_t looked = now_ns();
+        if (looked >= ctx->live_next_ns) live_check(ctx, looked);
         pthread_mutex_unlock(&ctx->lock);
         if (due) run_callbacks(ctx);
         if (did || due) { idle_since = now_ns(); continue; }
@@ -229,7 +231,7 @@ void *progress_thread_main(void *arg) {
         if (spinner || grace) atomic_store(&ctx->pt_long_sleep, false);
         pthread_mutex_lock(&ctx->lock);
         bool busy = busy_locked(ctx);
-        int timeout = list_empty(&ctx->pending_conns) && !ctx->n_resting ? LONG_SLEEP_MS : 100;
+        int timeout = live_sleep_ms(ctx, list_empty(&ctx->pending_conns) && !ctx->n_resting ? LONG_SLEEP_MS : 100);
         pthread_mutex_unlock(&ctx->lock);
         if (!busy) {
             struct pollfd wake = {.fd = ctx->wakefd, .events = POLLIN};

@@ -374,6 +374,8 @@ static bool (*const on_frame[F_TYPE_MAX])(slime_ep_t *ep, const frame_t *h) = {
     [F_READ_RESP] = on_rma_reply,
     [F_IMM] = on_imm,
     [F_RNDV_DONE] = on_rndv_done,
+    [F_PING] = live_on_ping,
+    [F_PONG] = live_on_pong,
 };
 
 void proto_on_header(slime_ep_t *ep) {

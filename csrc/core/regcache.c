@@ -124,6 +124,7 @@ uint64_t regcache_counter(const regcache_t *rc, slime_counter_t which) {
     switch (which) {
     case SLIME_COUNTER_BUF_REGISTRATIONS: return atomic_load(&((regcache_t *)rc)->registrations);
     case SLIME_COUNTER_BUF_REG_REUSED: return atomic_load(&((regcache_t *)rc)->reused);
+    default: return 0; /* a count of the context's, not of registrations */
     }
     return 0;
 }

@@ -99,7 +99,9 @@ enum frame_type {
     F_IMM = 9,       /* u32 = imm (after a write that went by CMA) */
     F_RNDV_DONE = 10, /* a = send req id, u32 = status: the receiver fetched
                         an FF_RDMA rendezvous itself */
-    F_TYPE_MAX = 11,
+    F_PING = 11,     /* no fields: answer with F_PONG (liveness.c) */
+    F_PONG = 12,     /* no fields: we are here */
+    F_TYPE_MAX = 13,
 };
 #define FF_IMM 0x1u
 #define FF_RDMA 0x2u

@@ -136,6 +136,7 @@ static const int_constant_t int_constants[] = {
     {"DESC_SIZE", sizeof(((slime_mr_desc_t *)0)->bytes)},
     {"COUNTER_BUF_REGISTRATIONS", SLIME_COUNTER_BUF_REGISTRATIONS},
     {"COUNTER_BUF_REG_REUSED", SLIME_COUNTER_BUF_REG_REUSED},
+    {"COUNTER_PEER_PINGS", SLIME_COUNTER_PEER_PINGS},
 };
 
 static int add_types(PyObject *module)

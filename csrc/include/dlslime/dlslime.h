@@ -44,7 +44,7 @@ extern "C" {
 #define SLIME_VERSION_MAJOR 0
 #define SLIME_VERSION_MINOR 1
 /* Wire version: peers with a different one are refused at the handshake. */
-#define SLIME_WIRE_VERSION 2
+#define SLIME_WIRE_VERSION 3
 
 #if defined(__GNUC__)
 #define SLIME_API __attribute__((visibility("default")))
@@ -153,6 +153,9 @@ typedef enum slime_counter {
     SLIME_COUNTER_BUF_REGISTRATIONS = 0,
     /* ... and those that reused a registration kept from before */
     SLIME_COUNTER_BUF_REG_REUSED = 1,
+    /* pings sent to peers that were waited on and silent (peer liveness:
+     * DLSLIME_PEER_SILENCE_MS) */
+    SLIME_COUNTER_PEER_PINGS = 2,
 } slime_counter_t;
 /* The counter's value; 0 for an unknown counter. */
 SLIME_API uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which);
