@@ -33,9 +33,12 @@ slime_ctx_t *fz_ctx_shared(void);
 typedef struct fz_stream {
     const uint8_t *p;
     size_t n;
+    bool open;                /* readable: fz_ep_rx opens it */
 } fz_stream_t;
 
-/* An endpoint to peer FZ_PEER_ID, up, whose incoming bytes are s. */
+/* An endpoint to peer FZ_PEER_ID, up, whose incoming bytes are s, which
+ * nobody reads before fz_ep_rx: the progress thread must not race the
+ * target's posts. */
 slime_ep_t *fz_ep_new(slime_ctx_t *ctx, fz_stream_t *s);
 /* Receives frames until s is consumed or the endpoint fails. */
 void fz_ep_rx(slime_ep_t *ep);

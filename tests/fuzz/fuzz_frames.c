@@ -8,7 +8,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     slime_ctx_t *ctx = fz_ctx_new();
-    fz_stream_t s = {data, size};
+    fz_stream_t s = {data, size, false};
     slime_ep_t *ep = fz_ep_new(ctx, &s);
     fz_ops_t ops;
     fz_ops_post(ctx, ep, &ops);

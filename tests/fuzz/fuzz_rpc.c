@@ -22,7 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* announced payloads up to 1 MiB are taken; past it, the budget's refusal */
     setenv("DLSLIME_RPC_BULK_BUDGET", "1048576", 0);
     slime_ctx_t *ctx = fz_ctx_new();
-    fz_stream_t s = {data, size};
+    fz_stream_t s = {data, size, false};
     slime_ep_t *ep = fz_ep_new(ctx, &s);
     slime_rpc_opts_t o;
     slime_rpc_opts_init(&o);

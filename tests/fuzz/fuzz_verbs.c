@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     slime_ctx_t *ctx = fz_ctx_shared();
     int sv[2];
     fz_socketpair(SOCK_STREAM, sv);
-    if (size && send(sv[1], data, size, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)size) __builtin_trap();
+    (void)send(sv[1], data, size, MSG_DONTWAIT | MSG_NOSIGNAL); /* what fits a socket buffer: all of any -max_len below 100k */
     shutdown(sv[1], SHUT_WR);
     pending_conn_t pc = {.fd = sv[0], .xfd = {-1, -1}};
     const transport_ops_t *tcp = ctx_tp(ctx, WIRE_TRANSPORT_TCP);

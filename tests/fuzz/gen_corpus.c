@@ -59,7 +59,7 @@ static void frame_ids(ids_t *ids) {
     buf_t b = {0};
     frame(&b, F_RTS, 0, 0, 0, 1, 77, 64, 0, NULL, 0);
     slime_ctx_t *ctx = fz_ctx_new();
-    fz_stream_t s = {b.d, b.n};
+    fz_stream_t s = {b.d, b.n, false};
     slime_ep_t *ep = fz_ep_new(ctx, &s);
     fz_ops_t ops;
     fz_ops_post(ctx, ep, &ops);

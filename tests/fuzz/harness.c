@@ -36,7 +36,7 @@ slime_ctx_t *fz_ctx_shared(void) {
 
 static ssize_t wire_read(slime_ep_t *ep, void *dst, size_t n) {
     fz_stream_t *s = ep->conn;
-    n = min_sz(n, s->n);
+    n = s->open ? min_sz(n, s->n) : 0;
     memcpy(dst, s->p, n);
     s->p += n;
     s->n -= n;
@@ -50,7 +50,10 @@ static ssize_t wire_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
     return (ssize_t)all;
 }
 
-static bool wire_rx_ready(slime_ep_t *ep) { return ((fz_stream_t *)ep->conn)->n > 0; }
+static bool wire_rx_ready(slime_ep_t *ep) {
+    const fz_stream_t *s = ep->conn;
+    return s->open && s->n > 0;
+}
 static void wire_fd_event(slime_ep_t *ep, uint32_t events) { (void)ep, (void)events; }
 static void wire_close(slime_ep_t *ep) { (void)ep; }
 
@@ -80,6 +83,7 @@ slime_ep_t *fz_ep_new(slime_ctx_t *ctx, fz_stream_t *s) {
 
 void fz_ep_rx(slime_ep_t *ep) {
     pthread_mutex_lock(&ep->ctx->lock);
+    ((fz_stream_t *)ep->conn)->open = true;
     while (ep->state == EP_UP && frames_rx(ep) > 0) {}
     pthread_mutex_unlock(&ep->ctx->lock);
 }
