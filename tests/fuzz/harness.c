@@ -43,10 +43,20 @@ static ssize_t wire_read(slime_ep_t *ep, void *dst, size_t n) {
     return (ssize_t)n;
 }
 
+/* Every byte the core sends is read, so that ASan checks that what it
+ * hands out (a region's bytes for a read, a send's buffer) is memory it
+ * may read. */
 static ssize_t wire_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
     (void)ep;
+    static volatile uint8_t sink __attribute__((unused));
     size_t all = 0;
-    for (int i = 0; i < n; i++) all += iov[i].iov_len;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = iov[i].iov_base;
+        uint8_t x = 0;
+        for (size_t k = 0; k < iov[i].iov_len; k++) x ^= p[k];
+        sink = x;
+        all += iov[i].iov_len;
+    }
     return (ssize_t)all;
 }
 
