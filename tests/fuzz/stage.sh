@@ -32,8 +32,13 @@ fi
 generator=()
 [[ -f $BUILD/CMakeCache.txt ]] || generator=(-G Ninja)
 start=$(date +%s)
-CC=$CC_FUZZ cmake -S . -B "$BUILD" "${generator[@]}" -DDLSLIME_FUZZ=ON -DDLSLIME_TESTS=OFF -DDLSLIME_BENCH=OFF \
-    >/dev/null && cmake --build "$BUILD" --target fuzz || { echo "FAILED: building the fuzz targets"; exit 1; }
+mkdir -p "$BUILD"
+if ! { CC=$CC_FUZZ cmake -S . -B "$BUILD" "${generator[@]}" -DDLSLIME_FUZZ=ON -DDLSLIME_TESTS=OFF \
+        -DDLSLIME_BENCH=OFF && cmake --build "$BUILD" --target fuzz; } >"$BUILD/build.log" 2>&1; then
+    tail -40 "$BUILD/build.log"
+    echo "FAILED: building the fuzz targets ($BUILD/build.log)"
+    exit 1
+fi
 echo "fuzz targets built in $(($(date +%s) - start)) s"
 bin=$BUILD/tests/fuzz
 
