@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite: C tests (plain, then ASan + UBSan), the Python tests
+# The test suite: C tests (plain, then ASan + UBSan), the fuzz targets
+# over the decoders of peer bytes (tests/fuzz), the Python tests
 # (binding and torch backend), torch's own distributed tests against
 # dlslime and Gloo (tests/torch_suite), the verbs tests (on an RDMA device, else in
 # a soft-RoCE VM: tests/verbs) and the torchrun examples.
@@ -14,6 +15,7 @@ JOBS=${JOBS:-2}
 export DLSLIME_BUILD_DIR=${DLSLIME_BUILD_DIR:-build}
 ASAN_BUILD_DIR=${DLSLIME_ASAN_BUILD_DIR:-build-asan}
 failed=()
+skipped=()
 
 section() { printf '\n==== %s ====\n' "$*"; }
 
@@ -47,6 +49,18 @@ else
 fi
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
+section "fuzz targets: every decoder of peer bytes, 15 s each (tests/fuzz)"
+# About 2 minutes with the build.  Needs clang and libFuzzer: without them
+# a dev box skips it, saying so; in CI (setup.sh installs them) a missing
+# clang is a failure.
+bash tests/fuzz/stage.sh
+case $? in
+0) ;;
+77) if [[ -n ${CI:-} ]]; then failed+=("fuzz targets (no clang with libFuzzer in CI; run scripts/setup.sh)")
+    else skipped+=("fuzz targets (no clang with libFuzzer here; reason above; scripts/setup.sh installs it)"); fi ;;
+*) failed+=("fuzz targets") ;;
+esac
+
 section "Python tests: the binding (tests/python), the torch backend (tests/torch), misbehaving peers (tests/adversarial)"
 # Rebuild the extensions in place first, so the tests never run against a
 # stale libdlslime.so, _C or _shim left by an earlier install.
@@ -77,7 +91,6 @@ fi
 section "verbs transport (RDMA device here, else soft-RoCE in a VM)"
 # After the Python stage: it needs the extension built in place.  Skipped,
 # with the reason printed, where neither a device nor the VM can be had.
-skipped=()
 bash tests/verbs/stage.sh "$DLSLIME_BUILD_DIR"
 case $? in
 0) ;;
@@ -106,4 +119,4 @@ if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "${failed[@]}"
     exit 1
 fi
-echo "all stages passed: C tests, C tests under ASan/UBSan, Python tests, torch distributed suite, torchrun examples"
+echo "all stages passed: C tests, C tests under ASan/UBSan, fuzz targets, Python tests, torch distributed suite, torchrun examples"

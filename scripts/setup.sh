@@ -10,6 +10,25 @@ PYTHON=${PYTHON:-python}
 
 section() { printf '\n==== %s ====\n' "$*"; }
 
+# install_debs WHAT PACKAGE...: installs the Debian packages not yet
+# installed; WHAT names them when all are present.
+install_debs() {
+    local what=$1 p missing=()
+    shift
+    for p in "$@"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if ((${#missing[@]} == 0)); then
+        echo "$what: present"
+        return 0
+    fi
+    local sudo=""
+    if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+    echo "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+}
+
 section "system packages"
 # command -> Debian package.  iproute2 gives `ip netns` for the tests
 # that build private networks; gcc brings the ASan/UBSan runtimes.
@@ -37,22 +56,15 @@ section "verbs: header and soft-RoCE VM packages"
 # the rxe provider and ibv_devinfo.  Not rdma-core: it pulls udev and
 # systemd upgrades and nothing of it is used.
 verbs_packages=(libibverbs-dev ibverbs-providers ibverbs-utils qemu-system-x86 busybox-static cpio kmod iproute2)
-verbs_missing=()
-for p in "${verbs_packages[@]}"; do
-    dpkg -s "$p" >/dev/null 2>&1 || verbs_missing+=("$p")
-done
-if ((${#verbs_missing[@]})); then
-    sudo=""
-    if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
-    echo "installing: ${verbs_missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    # without them the verbs transport is compiled out or its tests skip,
-    # each saying why: worth a warning, not a failed setup
-    { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "${verbs_missing[@]}" </dev/null; } ||
-        echo "WARNING: could not install ${verbs_missing[*]}; the verbs tests will be skipped"
-else
-    echo "libibverbs-dev and the soft-RoCE VM packages are present"
-fi
+# without them the verbs transport is compiled out or its tests skip,
+# each saying why: worth a warning, not a failed setup
+install_debs "libibverbs-dev and the soft-RoCE VM packages" "${verbs_packages[@]}" ||
+    echo "WARNING: could not install them; the verbs tests will be skipped"
+
+section "fuzzing: clang and its libFuzzer runtime"
+# tests/fuzz builds its targets with clang -fsanitize=fuzzer; Debian 12
+# ships libFuzzer in libclang-rt-14-dev.
+install_debs "clang-14 and libclang-rt-14-dev" clang-14 libclang-rt-14-dev
 
 section "python packages"
 # torch is pinned: an unpinned torch pulls several GB of CUDA wheels.

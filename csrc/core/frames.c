@@ -136,6 +136,9 @@ static int rx_frames(slime_ep_t *ep) {
         }
         bool combine = rx->sink == SINK_RECV && rx->req->combine;
         while (rx->left) {
+            /* a long payload yields too (rx keeps its place): a peer
+             * that keeps bytes coming must not hold ctx->lock for ever */
+            if (moved >= RX_BUDGET) return 1;
             uint8_t *dst = rx->sink == SINK_DISCARD ? scratch : rx->dst + rx->got;
             size_t want = rx->sink == SINK_DISCARD ? min_sz(rx->left, sizeof scratch) : rx->left;
             ssize_t n = combine ? frames_rx_combine(ep) : ep->tp->read(ep, dst, want);

@@ -4,6 +4,7 @@
  * while it goes on; a side that sleeps is woken by a doorbell byte on the
  * socket, sent only when no thread of the peer polls (mr_shared_t). */
 #include <errno.h>
+#include <inttypes.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -117,12 +118,25 @@ static bool rx_cold(const slime_ep_t *ep) {
     return ep->rx.state == RX_PAYLOAD && ep->rx.sink == SINK_RECV && ep->rx.req->cold;
 }
 
+/* The read head, and the bytes waiting after it.  Both ends live in the
+ * segment the peer writes: more bytes than the ring holds is a tail (or
+ * head) no writer leaves, and the connection fails rather than read the
+ * ring round and round for ever. */
+static bool rx_waiting(slime_ep_t *ep, shm_conn_t *c, uint64_t *head, uint64_t *waiting) {
+    *head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
+    *waiting = atomic_load_explicit(&c->rx->tail, memory_order_acquire) - *head;
+    if (*waiting <= c->size) return true;
+    ep_fail(ep, SLIME_ERR_PROTOCOL, "shm: the peer's ring says %" PRIu64 " bytes wait in a ring of %" PRIu64,
+            *waiting, c->size);
+    return false;
+}
+
 ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
     shm_conn_t *c = ep->conn;
-    uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
-    uint64_t tail = atomic_load_explicit(&c->rx->tail, memory_order_acquire);
+    uint64_t head, waiting;
+    if (!rx_waiting(ep, c, &head, &waiting)) return SLIME_ERR_PROTOCOL;
     /* hand room back chunk by chunk so the writer keeps copying in */
-    size_t k = min_sz(min_sz(n, (size_t)(tail - head)), (size_t)c->chunk);
+    size_t k = min_sz(min_sz(n, (size_t)waiting), (size_t)c->chunk);
     if (k == 0) return 0;
     size_t at = (size_t)(head % c->size), first = min_sz(k, (size_t)c->size - at);
     if (n >= STREAM_MIN || rx_cold(ep)) {
@@ -141,11 +155,11 @@ ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
  * time so the writer keeps copying in, but never across the wrap. */
 size_t shm_rx_peek(slime_ep_t *ep, size_t n, const uint8_t **at) {
     shm_conn_t *c = ep->conn;
-    uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
-    uint64_t tail = atomic_load_explicit(&c->rx->tail, memory_order_acquire);
+    uint64_t head, waiting;
+    if (!rx_waiting(ep, c, &head, &waiting)) return 0;
     size_t off = (size_t)(head % c->size);
     *at = c->rxd + off;
-    return min_sz(min_sz(min_sz(n, (size_t)(tail - head)), (size_t)c->chunk), (size_t)c->size - off);
+    return min_sz(min_sz(min_sz(n, (size_t)waiting), (size_t)c->chunk), (size_t)c->size - off);
 }
 
 void shm_rx_consume(slime_ep_t *ep, size_t k) {
