@@ -27,7 +27,6 @@ import json
 import math
 import multiprocessing
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # this checkout's dlslime_torch, not an installed one
     sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(REPO / "bench"))
+import mpi_launch  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 OPS = ("send_recv", "all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all")
@@ -603,26 +604,6 @@ def spawn_ranks(world, target, args, deadline_s):
     return rows, errors
 
 
-# Open MPI's transports as the issue compares them: shared memory (vader,
-# with CMA single copies) or TCP on loopback, over the ob1 messaging layer.
-MPI_TRANSPORT = {
-    "shm": ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"],
-    "tcp": ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"],
-}
-
-
-def mpi_missing():
-    """Why MPI cannot be measured here (None if it can)."""
-    import importlib.util
-    lacks = [what for what, ok in (("mpirun (Open MPI)", shutil.which("mpirun")),
-                                   ("mpi4py", importlib.util.find_spec("mpi4py")))
-             if not ok]
-    if not lacks:
-        return None
-    return (f"{' and '.join(lacks)} not found: apt-get install openmpi-bin libopenmpi-dev; "
-            f"pip install mpi4py (bench/run_dist_bench.sh does both)")
-
-
 def mpirun_ranks(world, cfg, deadline_s):
     """As spawn_ranks, with the ranks started by mpirun, so that each is
     also an MPI process and the "mpi" backend runs in the same processes,
@@ -631,15 +612,11 @@ def mpirun_ranks(world, cfg, deadline_s):
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=120))
-    env = dict(os.environ)
-    if os.geteuid() == 0:  # Open MPI refuses root without both
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     with tempfile.TemporaryDirectory(prefix="torch_dist_bench_") as job:
         (Path(job) / "cfg.json").write_text(json.dumps(cfg))
-        cmd = ["mpirun", "-np", str(world), "--oversubscribe", "--bind-to", cfg["bind"],
-               *MPI_TRANSPORT[cfg["transport"]], sys.executable, str(Path(__file__).resolve()),
-               "--mpi-rank", str(store.port), job]
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        cmd = [*mpi_launch.mpirun(world, cfg["transport"], cfg["bind"]), sys.executable,
+               str(Path(__file__).resolve()), "--mpi-rank", str(store.port), job]
+        proc = subprocess.Popen(cmd, env=mpi_launch.env(), start_new_session=True)
         errors = []
         try:
             proc.wait(deadline_s)
@@ -914,9 +891,9 @@ def main(argv=None):
     if not backends or len(set(backends)) != len(backends):
         ap.error("--backends takes a comma list of distinct backend names")
     transports = [t.strip() for t in args.transport.split(",") if t.strip()]
-    if not transports or any(t not in MPI_TRANSPORT for t in transports):
+    if not transports or any(t not in mpi_launch.TRANSPORT_MCA for t in transports):
         ap.error("--transport takes a comma list of shm,tcp")
-    why = "mpi" in backends and mpi_missing()
+    why = "mpi" in backends and mpi_launch.missing()
     if why and args.backends:
         ap.error(f"mpi: {why}")
     if why:
