@@ -94,6 +94,7 @@ struct coll_op {
     uint64_t seq;
     char what[160];                 /* "allreduce #3 (1000 x float32, sum)" */
     bool typed;                     /* count / dtype / redop describe it */
+    uint64_t posted_ns;             /* the worker leaves it to its poster a moment */
     /* arguments, as each collective uses them */
     void *buf;
     const void *src;
