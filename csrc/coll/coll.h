@@ -60,6 +60,7 @@ struct slime_comm {
     uint64_t next_seq;
     bool worker_started, stopping;
     bool running;                   /* a collective runs (worker or waiter) */
+    bool worker_watching;           /* the worker sleeps until a queued one is due */
     pthread_t worker;
     slime_status_t broken;          /* SLIME_OK until a collective fails */
     char broken_text[512];

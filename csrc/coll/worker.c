@@ -124,7 +124,9 @@ static void run_taken(slime_comm_t *comm, coll_op_t *op) {
     op_free(op);
     pthread_mutex_lock(&comm->mu);
     comm->running = false;
-    pthread_cond_broadcast(&comm->cv); /* the worker, or destroy waiting for us */
+    /* the worker may take the next one now (destroy polls `running`):
+     * with nothing queued, a wake-up would only cost it a turn */
+    if (!list_empty(&comm->queue)) pthread_cond_signal(&comm->cv);
     pthread_mutex_unlock(&comm->mu);
 }
 
@@ -146,7 +148,10 @@ static coll_op_t *worker_take(slime_comm_t *comm) {
     uint64_t due = list_first(&comm->queue, coll_op_t, link)->posted_ns + WORKER_GRACE_NS;
     if (now_ns() >= due) return take_next(comm);
     struct timespec ts = {(time_t)(due / 1000000000ull), (long)(due % 1000000000ull)};
+    /* it looks at the queue again when due: posts need not wake it */
+    comm->worker_watching = true;
     pthread_cond_timedwait(&comm->cv, &comm->mu, &ts);
+    comm->worker_watching = false;
     return NULL;
 }
 
@@ -276,7 +281,7 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
         comm->worker_started = true;
     }
     list_push_back(&comm->queue, &op->link);
-    pthread_cond_signal(&comm->cv);
+    if (!comm->worker_watching) pthread_cond_signal(&comm->cv);
     pthread_mutex_unlock(&comm->mu);
     *out = req;
     return SLIME_OK;
