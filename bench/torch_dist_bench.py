@@ -845,10 +845,8 @@ def plot(path, rows, backends, ops):
     return True
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--mpi-rank"]:  # a rank of mpirun_ranks' job
-        return mpi_rank_main(*argv[1:])
+def parse_args(argv):
+    """The command line: (args, ops, backends, transports, worlds, sizes)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -917,6 +915,14 @@ def main(argv=None):
     sizes = [s for s in sizes if s <= args.max_size]
     if not sizes:
         ap.error("no size left under --max-size")
+    return args, ops, backends, transports, worlds, sizes
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--mpi-rank"]:  # a rank of mpirun_ranks' job
+        return mpi_rank_main(*argv[1:])
+    args, ops, backends, transports, worlds, sizes = parse_args(argv)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     csv_path = Path(args.csv) if args.csv else REPO / "bench" / "results" / f"torch_dist_{stamp}.csv"
     png_path = Path(args.plot) if args.plot else csv_path.with_suffix(".png")
