@@ -61,6 +61,16 @@ slime_status_t coll_check(const slime_comm_t *comm, slime_req_t **out, const cha
     return SLIME_OK;
 }
 
+coll_what_t coll_what(const coll_op_t *op) {
+    coll_what_t w;
+    if (op->typed)
+        snprintf(w.text, sizeof w.text, "%s #%" PRIu64 " (%zu x %s, %s)", op->name, op->seq, op->count,
+                 dtype_name(op->dtype), redop_name(op->redop));
+    else
+        snprintf(w.text, sizeof w.text, "%s #%" PRIu64 " (%zu bytes)", op->name, op->seq, op->bytes);
+    return w;
+}
+
 static void op_free(coll_op_t *op) {
     free(op->v);
     free(op->ptrs);
@@ -92,7 +102,7 @@ static void run_one(slime_comm_t *comm, coll_op_t *op) {
     if (st == SLIME_OK && (st = abort_received(comm, text, sizeof text)) != SLIME_OK)
         comm_break(comm, st, text);
     if (st != SLIME_OK) {
-        p2p_req_worker_complete(op->req, st, "%s: communicator is broken: %s", op->what, text);
+        p2p_req_worker_complete(op->req, st, "%s: communicator is broken: %s", coll_what(op).text, text);
         return;
     }
     coll_run_t run;
@@ -255,18 +265,13 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
     op->posted_ns = now_ns();
     pthread_mutex_lock(&comm->mu);
     op->seq = comm->next_seq++;
-    if (op->typed)
-        snprintf(op->what, sizeof op->what, "%s #%" PRIu64 " (%zu x %s, %s)", op->name, op->seq, op->count,
-                 dtype_name(op->dtype), redop_name(op->redop));
-    else
-        snprintf(op->what, sizeof op->what, "%s #%" PRIu64 " (%zu bytes)", op->name, op->seq, op->bytes);
     if (comm->broken != SLIME_OK) {
         /* nothing will run again: fail it here, the order is moot */
         slime_status_t st = comm->broken;
         char text[600];
         snprintf(text, sizeof text, "%s", comm->broken_text);
         pthread_mutex_unlock(&comm->mu);
-        p2p_req_worker_complete(req, st, "%s: communicator is broken: %s", op->what, text);
+        p2p_req_worker_complete(req, st, "%s: communicator is broken: %s", coll_what(op).text, text);
         op_free(op);
         *out = req;
         return SLIME_OK;
@@ -316,7 +321,8 @@ void coll_worker_stop(slime_comm_t *comm) {
     while (!list_empty(&left)) {
         coll_op_t *op = list_first(&left, coll_op_t, link);
         list_del(&op->link);
-        p2p_req_worker_complete(op->req, SLIME_ERR_CLOSED, "%s: communicator destroyed before it ran", op->what);
+        p2p_req_worker_complete(op->req, SLIME_ERR_CLOSED, "%s: communicator destroyed before it ran",
+                                coll_what(op).text);
         op_free(op);
     }
 }
