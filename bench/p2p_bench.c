@@ -25,6 +25,9 @@
  *   read      one slime_read (socket: a 1-byte request, then `bytes` back)
  *             posted and waited for by the initiator.
  *   write     one slime_write (socket: `bytes`, then a 1-byte ack).
+ *   allreduce one slime_allreduce (float32 SUM, in place) of a 2-rank
+ *             communicator, as the initiator sees it (slime only; the
+ *             socket has no such op; bench/mpi_bench.c measures MPI's).
  *   memcpy    one memcpy; gbps comes from the best of a few runs.
  *   gbps      bytes / avg time, in 10^9 bytes per second.
  * Every (op, size) is followed by one untimed iteration whose bytes are
@@ -64,12 +67,13 @@
 #define MEMCPY_MAX_RUNS 200
 
 enum bench_kind { BENCH_SLIME, BENCH_SOCKET, BENCH_MEMCPY };
-enum op_bit { OP_SENDRECV = 1u, OP_READ = 2u, OP_WRITE = 4u };
+enum op_bit { OP_SENDRECV = 1u, OP_READ = 2u, OP_WRITE = 4u, OP_ALLREDUCE = 8u };
 
 static const struct {
     unsigned bit;
     const char *name;
-} OP_NAMES[] = {{OP_SENDRECV, "sendrecv"}, {OP_READ, "read"}, {OP_WRITE, "write"}};
+} OP_NAMES[] = {{OP_SENDRECV, "sendrecv"}, {OP_READ, "read"}, {OP_WRITE, "write"},
+                {OP_ALLREDUCE, "allreduce"}};
 #define N_OPS (sizeof OP_NAMES / sizeof OP_NAMES[0])
 
 struct options {
@@ -188,6 +192,34 @@ static size_t pattern_check(const unsigned char *buf, size_t len, uint64_t seed)
     return len;
 }
 
+/* allreduce's check: small integers, exact in float32 when summed; rank
+ * r holds float_value(i, r) and both must end with the sum of the two. */
+static float float_value(size_t i, int rank)
+{
+    return (float)(i % 1021) + 4096.0f * (float)rank;
+}
+
+static void float_fill(unsigned char *buf, size_t bytes, int rank)
+{
+    for (size_t i = 0; i < bytes / sizeof(float); i++) {
+        float v = float_value(i, rank);
+        memcpy(buf + i * sizeof v, &v, sizeof v);
+    }
+}
+
+/* Index of the first wrong sum, or bytes / 4 when all are right. */
+static size_t float_check_sum(const unsigned char *buf, size_t bytes)
+{
+    size_t n = bytes / sizeof(float);
+    for (size_t i = 0; i < n; i++) {
+        float v, want = float_value(i, 0) + float_value(i, 1);
+        memcpy(&v, buf + i * sizeof v, sizeof v);
+        if (v != want)
+            return i;
+    }
+    return n;
+}
+
 static uint64_t seed_for(unsigned op, size_t bytes)
 {
     return ((uint64_t)op << 56) ^ ((uint64_t)bytes * 0x100000001B3ull) ^ 0x5EEDu;
@@ -281,6 +313,8 @@ enum ctl_kind {
     CMD_FILL,           /* fill [0, bytes) of the target buffer from seed */
     CMD_ZERO,           /* zero [0, bytes) of the target buffer */
     CMD_CHECK,          /* check [0, bytes) of the target buffer against seed */
+    CMD_ALLREDUCE,      /* iters x allreduce of the target buffer (zeros) */
+    CMD_ALLREDUCE_CHECK,/* one allreduce of the target's floats; check the sums */
     CMD_DONE,
 };
 
@@ -376,7 +410,23 @@ struct target {
     size_t cap;
     slime_ep_t *ep; /* slime: data moves through this endpoint */
     int fd;         /* socket reference: data moves through this socket */
+    slime_comm_t *comm; /* slime allreduce: the pair as ranks 0 (initiator) and 1 */
 };
+
+/* One in-place float32 SUM allreduce of bytes (whole floats) over comm. */
+static void comm_allreduce(slime_comm_t *comm, void *buf, size_t bytes)
+{
+    slime_req_t *req = NULL;
+    slime_status_t st = slime_allreduce(comm, buf, bytes / sizeof(float), SLIME_DT_FLOAT32,
+                                        SLIME_RED_SUM, &req);
+    if (st != SLIME_OK)
+        fail("slime_allreduce: %s (%s)", slime_status_name(st), slime_last_error());
+    st = slime_req_wait(req, WAIT_MS);
+    if (st != SLIME_OK)
+        fail("slime_allreduce of %zu bytes: %s (%s)", bytes, slime_status_name(st),
+             slime_req_error(req));
+    slime_req_free(req);
+}
 
 static void target_recv(struct target *t, void *dst, size_t bytes)
 {
@@ -429,6 +479,19 @@ static void check_into_reply(const struct target *t, size_t bytes, uint64_t seed
     }
 }
 
+static void target_allreduce_check(struct target *t, size_t bytes, struct ctl_reply *r)
+{
+    size_t bad;
+    float_fill(t->buf, bytes, 1);
+    comm_allreduce(t->comm, t->buf, bytes);
+    bad = float_check_sum(t->buf, bytes);
+    if (bad != bytes / sizeof(float)) {
+        r->ok = 0;
+        snprintf(r->detail, sizeof r->detail,
+                 "wrong sum at element %zu of a %zu-byte allreduce", bad, bytes);
+    }
+}
+
 static void target_serve(struct target *t)
 {
     for (;;) {
@@ -477,6 +540,13 @@ static void target_serve(struct target *t)
         case CMD_CHECK:
             check_into_reply(t, c.bytes, c.seed, &r);
             break;
+        case CMD_ALLREDUCE:
+            for (uint64_t i = 0; i < c.iters; i++)
+                comm_allreduce(t->comm, t->buf, c.bytes);
+            break;
+        case CMD_ALLREDUCE_CHECK:
+            target_allreduce_check(t, c.bytes, &r);
+            break;
         case CMD_DONE:
             write_or_fail(t->ctl, &r, sizeof r, "control channel");
             return;
@@ -500,6 +570,7 @@ struct initiator {
     slime_mr_t *smr, *rmr;
     slime_mr_desc_t remote;
     int fd;
+    slime_comm_t *comm;
 };
 
 typedef void (*once_fn)(struct initiator *in, size_t bytes);
@@ -538,6 +609,11 @@ static void slime_sendrecv_once(struct initiator *in, size_t bytes)
         fail("slime_recv: got %zu bytes, expected %zu", slime_req_bytes(rreq), bytes);
     slime_req_free(sreq);
     slime_req_free(rreq);
+}
+
+static void slime_allreduce_once(struct initiator *in, size_t bytes)
+{
+    comm_allreduce(in->comm, in->sbuf, bytes);
 }
 
 static void slime_read_once(struct initiator *in, size_t bytes)
@@ -582,9 +658,10 @@ static struct op_plan plan_for(enum bench_kind bench, unsigned op)
     if (bench == BENCH_SLIME) {
         p.once = op == OP_SENDRECV ? slime_sendrecv_once
                : op == OP_READ     ? slime_read_once
-                                   : slime_write_once;
-        p.peer_cmd = op == OP_SENDRECV ? CMD_PINGPONG : 0;
-    } else {
+               : op == OP_WRITE    ? slime_write_once
+                                   : slime_allreduce_once;
+        p.peer_cmd = op == OP_SENDRECV ? CMD_PINGPONG : op == OP_ALLREDUCE ? CMD_ALLREDUCE : 0;
+    } else if (op != OP_ALLREDUCE) {
         p.once = op == OP_SENDRECV ? sock_sendrecv_once
                : op == OP_READ     ? sock_read_once
                                    : sock_write_once;
@@ -638,6 +715,17 @@ static void verify_once(struct initiator *in, const struct op_plan *p, size_t by
         run_batch(in, p, bytes, 1, &ignored);
         expect_pattern(in->rbuf, bytes, seed, "read: bytes read");
         break;
+    case OP_ALLREDUCE: {
+        size_t bad;
+        float_fill(in->sbuf, bytes, 0);
+        ctl_post(in->ctl, CMD_ALLREDUCE_CHECK, bytes, 1, seed);
+        p->once(in, bytes);
+        ctl_reply(in->ctl, "allreduce: the target's sums");
+        bad = float_check_sum(in->sbuf, bytes);
+        if (bad != bytes / sizeof(float))
+            fail("allreduce: wrong sum at element %zu of a %zu-byte allreduce", bad, bytes);
+        break;
+    }
     default:
         ctl_call(in->ctl, CMD_ZERO, bytes, 0, 0, "write: zeroing the target");
         run_batch(in, p, bytes, 1, &ignored);
@@ -657,6 +745,8 @@ static void measure(struct initiator *in, const struct options *o, const char *b
 
     if (p->op == OP_READ)
         ctl_call(in->ctl, CMD_FILL, bytes, 0, seed, "read: filling the target");
+    else if (p->op == OP_ALLREDUCE)
+        memset(in->sbuf, 0, bytes); /* zeros on both sides: sums stay 0, never denormal */
     else
         pattern_fill(in->sbuf, bytes, seed);
 
@@ -691,7 +781,14 @@ static void initiator_run(struct initiator *in, const struct options *o,
         if (!(o->ops & OP_NAMES[k].bit))
             continue;
         p = plan_for(o->bench, OP_NAMES[k].bit);
+        if (!p.once)
+            continue; /* the socket has no allreduce */
         for (size_t si = 0; si < o->nsizes; si++) {
+            if (p.op == OP_ALLREDUCE && o->sizes[si] % sizeof(float)) {
+                fprintf(stderr, "p2p_bench: allreduce %zu B: not whole float32s, skipped\n",
+                        o->sizes[si]);
+                continue;
+            }
             fprintf(stderr, "p2p_bench: %s %s %s %zu B\n", bench, transport,
                     OP_NAMES[k].name, o->sizes[si]);
             measure(in, o, bench, transport, &p, OP_NAMES[k].name, o->sizes[si], us);
@@ -704,6 +801,19 @@ static void initiator_run(struct initiator *in, const struct options *o,
 /* ------------------------------------------------------------------ */
 /* Pair setup: slime                                                   */
 /* ------------------------------------------------------------------ */
+
+/* The pair's communicator (only when allreduce is measured: otherwise no
+ * worker thread shares the machine with the other ops). */
+static slime_comm_t *pair_comm(const struct options *o, slime_ctx_t *ctx, slime_ep_t *ep,
+                               int rank)
+{
+    slime_ep_t *peers[2] = {rank ? ep : NULL, rank ? NULL : ep};
+    slime_comm_t *comm = NULL;
+    if (o->ops & OP_ALLREDUCE)
+        post_check(slime_comm_create(ctx, 1, 1, rank, 2, peers, WAIT_MS, &comm),
+                   "slime_comm_create");
+    return comm;
+}
 
 static slime_ctx_t *slime_open(const struct options *o, const unsigned char *token,
                                size_t token_len)
@@ -730,7 +840,7 @@ static void expect_transport(slime_ep_t *ep, const char *want)
 static void slime_target(const struct options *o, int ctl, const unsigned char *token,
                          size_t token_len)
 {
-    struct target t = {ctl, NULL, o->max_size, NULL, -1};
+    struct target t = {ctl, NULL, o->max_size, NULL, -1, NULL};
     if (o->shared_target)
         post_check(slime_mem_alloc(o->max_size, (void **)&t.buf), "slime_mem_alloc");
     else
@@ -751,8 +861,12 @@ static void slime_target(const struct options *o, int ctl, const unsigned char *
     write_or_fail(ctl, &desc, sizeof desc, "control channel");
     post_check(slime_ep_accept(ctx, CONNECT_MS, &t.ep), "slime_ep_accept");
     expect_transport(t.ep, o->transport);
+    t.comm = pair_comm(o, ctx, t.ep, 1);
 
     target_serve(&t);
+
+    if (t.comm)
+        slime_comm_destroy(t.comm);
 
     post_check(slime_mr_dereg(mr), "slime_mr_dereg");
     slime_ctx_destroy(ctx);
@@ -788,7 +902,12 @@ static void slime_initiator(const struct options *o, int ctl, const unsigned cha
     post_check(slime_mr_reg(in.ctx, in.rbuf, o->max_size, SLIME_ACCESS_ALL, &in.rmr),
                "slime_mr_reg");
 
+    in.comm = pair_comm(o, in.ctx, in.ep, 0);
+
     initiator_run(&in, o, "slime", o->transport);
+
+    if (in.comm)
+        slime_comm_destroy(in.comm);
 
     post_check(slime_mr_dereg(in.smr), "slime_mr_dereg");
     post_check(slime_mr_dereg(in.rmr), "slime_mr_dereg");
@@ -810,7 +929,7 @@ static void set_nodelay(int fd)
 
 static void socket_target(const struct options *o, int ctl)
 {
-    struct target t = {ctl, buf_alloc(o->max_size), o->max_size, NULL, -1};
+    struct target t = {ctl, buf_alloc(o->max_size), o->max_size, NULL, -1, NULL};
     struct sockaddr_in sa;
     socklen_t sa_len = sizeof sa;
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -942,6 +1061,7 @@ static _Noreturn void usage(const char *why)
     fprintf(stderr,
             "p2p_bench: %s\n"
             "usage: p2p_bench slime --transport shm|tcp|verbs [--ops LIST] --sizes LIST [opts]\n"
+            "       (--ops: sendrecv,read,write,allreduce; default the first three)\n"
             "       p2p_bench socket [--ops LIST] --sizes LIST [opts]\n"
             "       p2p_bench memcpy --sizes LIST [opts]\n"
             "opts:  --time S  --min-iters N  --max-iters N  --deadline S\n"
@@ -972,7 +1092,7 @@ static unsigned parse_ops(const char *list)
             if (strlen(OP_NAMES[k].name) == len && !strncmp(p, OP_NAMES[k].name, len))
                 break;
         if (k == N_OPS)
-            usage("--ops takes sendrecv,read,write");
+            usage("--ops takes sendrecv,read,write,allreduce");
         ops |= OP_NAMES[k].bit;
         p += len;
         if (*p == ',')

@@ -23,9 +23,14 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import json
 import math
 import multiprocessing
+import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from multiprocessing import connection as mp_connection
@@ -34,10 +39,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # this checkout's dlslime_torch, not an installed one
     sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(REPO / "bench"))
+import mpi_launch  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 OPS = ("send_recv", "all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all")
-REFERENCE = "gloo"
+# the systems dlslime is compared with: Open MPI (through mpi4py), Gloo,
+# and torch's do-nothing test backend ("fake": torch's own cost, the floor)
+REFERENCES = ("mpi", "gloo", "fake")
+DEFAULT_BACKENDS = ("dlslime", "mpi", "gloo", "fake")
 # 8 B is there for the latency target
 QUICK_SIZES = (4, 8, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB)
 ELEM = 4  # float32
@@ -47,8 +57,9 @@ MEM_FACTOR = 8
 # failure kinds, ordered: the worst on any rank wins
 WRONG, RAISED = 1.0, 2.0
 MEM_RESERVE = 1 * GiB
-CSV_COLUMNS = ("world_size", "op", "bytes", "backend", "iters", "avg_us", "p50_us",
-               "gbps", "bw_ratio_vs_gloo", "p50_ratio_vs_gloo", "status")
+CSV_COLUMNS = ("transport", "world_size", "op", "bytes", "backend", "iters", "avg_us", "p50_us",
+               "gbps", "bw_ratio_vs_mpi", "p50_ratio_vs_mpi", "bw_ratio_vs_gloo",
+               "p50_ratio_vs_gloo", "bw_ratio_vs_fake", "p50_ratio_vs_fake", "status")
 
 
 # ------------------------------------------------------------------ sizes
@@ -94,64 +105,146 @@ def pattern(n: int, offset: float):
     return (torch.arange(n, dtype=torch.int32) % 1021).to(torch.float32) + offset
 
 
-class Point:
-    """One op at one size on one group: run() does one iteration on the
-    timed buffers; check_once() one iteration on fresh patterned buffers,
-    saying what is wrong (None if nothing)."""
+class TorchCalls:
+    """The ops of one torch process group (a backend under test)."""
+    checks = True  # whether check_once can verify its results
 
-    def __init__(self, op, n, chunk, group, rank, world):
+    def __init__(self, group):
+        import torch.distributed as dist
+        self.dist, self.g = dist, group
+
+    @staticmethod
+    def blocks(world, k, fill=0.0):
+        """A list of world chunks as torch users pass them: a tensor each."""
         import torch
-        self.torch = torch
-        self.op, self.n, self.chunk = op, n, chunk
-        self.g, self.rank, self.world = group, rank, world
-        z = lambda k: torch.zeros(k)  # noqa: E731  (touched pages, finite sums)
+        return [torch.full((k,), fill) for _ in range(world)]
+
+    def send(self, t, peer):
+        self.dist.send(t, peer, group=self.g)
+
+    def recv(self, t, peer):
+        self.dist.recv(t, peer, group=self.g)
+
+    def all_reduce(self, t):
+        self.dist.all_reduce(t, group=self.g)
+
+    def broadcast(self, t):
+        self.dist.broadcast(t, 0, group=self.g)
+
+    def all_gather(self, out, inp):
+        self.dist.all_gather(out, inp, group=self.g)
+
+    def reduce_scatter(self, out, inp):
+        self.dist.reduce_scatter(out, inp, group=self.g)
+
+    def all_to_all(self, out, inp):
+        self.dist.all_to_all(out, inp, group=self.g)
+
+    def barrier(self):
+        self.dist.barrier(group=self.g)
+
+
+class FakeCalls(TorchCalls):
+    """torch's do-nothing test backend: the cost of torch alone.  No bytes
+    move, so there is nothing to check."""
+    checks = False
+
+
+class MpiCalls:
+    """The same ops through mpi4py on the tensors' own memory (numpy views,
+    no copies); lists of chunks are views of one flat tensor, as MPI
+    users lay them out."""
+    checks = True
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+        self.MPI, self.c = MPI, comm
+
+    @staticmethod
+    def blocks(world, k, fill=0.0):
+        import torch
+        return list(torch.full((world * k,), fill).view(world, k))
+
+    @staticmethod
+    def flat(blocks):
+        """The one tensor a list from blocks() views."""
+        base = blocks[0]._base
+        if base is None or base.numel() != len(blocks) * blocks[0].numel():
+            raise ValueError("MPI chunks must be views of one flat tensor (blocks())")
+        return base.numpy()
+
+    def send(self, t, peer):
+        self.c.Send(t.numpy(), peer)
+
+    def recv(self, t, peer):
+        self.c.Recv(t.numpy(), peer)
+
+    def all_reduce(self, t):
+        self.c.Allreduce(self.MPI.IN_PLACE, t.numpy())
+
+    def broadcast(self, t):
+        self.c.Bcast(t.numpy(), 0)
+
+    def all_gather(self, out, inp):
+        self.c.Allgather(inp.numpy(), self.flat(out))
+
+    def reduce_scatter(self, out, inp):
+        self.c.Reduce_scatter_block(self.flat(inp), out.numpy())
+
+    def all_to_all(self, out, inp):
+        self.c.Alltoall(self.flat(inp), self.flat(out))
+
+    def barrier(self):
+        self.c.Barrier()
+
+
+class Point:
+    """One op at one size on one backend (its calls): run() does one
+    iteration on the timed buffers; check_once() one iteration on fresh
+    patterned buffers, saying what is wrong (None if nothing)."""
+
+    def __init__(self, op, n, chunk, calls, rank, world):
+        import torch
+        self.op, self.calls, self.rank = op, calls, rank
+        z = torch.zeros  # touched pages, finite sums
         if op == "send_recv":
             self.peer = rank ^ 1 if (rank ^ 1) < world else None
             self.buf = z(n)
         elif op in ("all_reduce", "broadcast"):
             self.buf = z(n)
         elif op == "all_gather":
-            self.inp, self.out = z(chunk), [z(chunk) for _ in range(world)]
+            self.inp, self.out = z(chunk), calls.blocks(world, chunk)
         elif op == "reduce_scatter":
-            self.inp, self.out = [z(chunk) for _ in range(world)], z(chunk)
+            self.inp, self.out = calls.blocks(world, chunk), z(chunk)
         elif op == "all_to_all":
-            self.inp = [z(chunk) for _ in range(world)]
-            self.out = [z(chunk) for _ in range(world)]
+            self.inp, self.out = calls.blocks(world, chunk), calls.blocks(world, chunk)
         else:
             raise ValueError(op)
 
     def run(self):
-        import torch.distributed as dist
-        op, g = self.op, self.g
+        op, c = self.op, self.calls
         if op == "send_recv":
             # one iteration = one round trip of the pair (rank, rank ^ 1)
             if self.peer is None:
                 return
             if self.rank % 2 == 0:
-                dist.send(self.buf, self.peer, group=g)
-                dist.recv(self.buf, self.peer, group=g)
+                c.send(self.buf, self.peer)
+                c.recv(self.buf, self.peer)
             else:
-                dist.recv(self.buf, self.peer, group=g)
-                dist.send(self.buf, self.peer, group=g)
-        elif op == "all_reduce":
-            dist.all_reduce(self.buf, group=g)
-        elif op == "broadcast":
-            dist.broadcast(self.buf, 0, group=g)
-        elif op == "all_gather":
-            dist.all_gather(self.out, self.inp, group=g)
-        elif op == "reduce_scatter":
-            dist.reduce_scatter(self.out, self.inp, group=g)
-        elif op == "all_to_all":
-            dist.all_to_all(self.out, self.inp, group=g)
+                c.recv(self.buf, self.peer)
+                c.send(self.buf, self.peer)
+        elif op in ("all_reduce", "broadcast"):
+            getattr(c, op)(self.buf)
+        else:
+            getattr(c, op)(self.out, self.inp)
 
     def free(self):
         for name in ("buf", "inp", "out"):
             self.__dict__.pop(name, None)
 
     @staticmethod
-    def check_once(op, n, c, g, r, w):
+    def check_once(op, n, c, calls, r, w):
         import torch
-        import torch.distributed as dist
         R = 4096.0  # keeps every rank's values apart
 
         def differs(got, want, what):
@@ -161,6 +254,12 @@ class Point:
             return (f"{what}: element {bad} is {got.flatten()[bad].item()}, "
                     f"expected {want.flatten()[bad].item()}")
 
+        def patterned(offsets):  # a list of chunks, chunk j = pattern(c, offsets[j])
+            blocks = calls.blocks(w, c)
+            for b, off in zip(blocks, offsets):
+                b.copy_(pattern(c, off))
+            return blocks
+
         if op == "send_recv":
             peer = r ^ 1
             if peer >= w:
@@ -168,23 +267,23 @@ class Point:
             mine, theirs = pattern(n, R * r), pattern(n, R * peer)
             got = torch.full((n,), -1.0)
             if r % 2 == 0:
-                dist.send(mine, peer, group=g)
-                dist.recv(got, peer, group=g)
+                calls.send(mine, peer)
+                calls.recv(got, peer)
             else:
-                dist.recv(got, peer, group=g)
-                dist.send(mine, peer, group=g)
+                calls.recv(got, peer)
+                calls.send(mine, peer)
             return differs(got, theirs, f"received from rank {peer}")
         if op == "all_reduce":
             t = pattern(n, R * r)
-            dist.all_reduce(t, group=g)
+            calls.all_reduce(t)
             return differs(t, pattern(n, 0) * w + R * (w * (w - 1) / 2), "sum")
         if op == "broadcast":
             t = pattern(n, 0) if r == 0 else torch.full((n,), -1.0)
-            dist.broadcast(t, 0, group=g)
+            calls.broadcast(t)
             return differs(t, pattern(n, 0), "broadcast from rank 0")
         if op == "all_gather":
-            out = [torch.full((c,), -1.0) for _ in range(w)]
-            dist.all_gather(out, pattern(c, R * r), group=g)
+            out = calls.blocks(w, c, -1.0)
+            calls.all_gather(out, pattern(c, R * r))
             for j in range(w):
                 err = differs(out[j], pattern(c, R * j), f"chunk from rank {j}")
                 if err:
@@ -192,16 +291,14 @@ class Point:
             return None
         if op == "reduce_scatter":
             # rank s puts base + R*s + 7*j into chunk j
-            inp = [pattern(c, R * r + 7 * j) for j in range(w)]
             out = torch.full((c,), -1.0)
-            dist.reduce_scatter(out, inp, group=g)
+            calls.reduce_scatter(out, patterned([R * r + 7 * j for j in range(w)]))
             return differs(out, pattern(c, 0) * w + R * (w * (w - 1) / 2) + 7 * w * r,
                            "reduced chunk")
         if op == "all_to_all":
             # rank s sends base + R*s + 16*j to rank j
-            inp = [pattern(c, R * r + 16 * j) for j in range(w)]
-            out = [torch.full((c,), -1.0) for _ in range(w)]
-            dist.all_to_all(out, inp, group=g)
+            out = calls.blocks(w, c, -1.0)
+            calls.all_to_all(out, patterned([R * r + 16 * j for j in range(w)]))
             for j in range(w):
                 err = differs(out[j], pattern(c, R * j + 16 * r), f"chunk from rank {j}")
                 if err:
@@ -233,8 +330,16 @@ class Worker:
         # whose op is timing out must outlast that timeout.
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=op_timeout + datetime.timedelta(seconds=120))
-        self.groups = {b: dist.new_group(backend=b, timeout=op_timeout)
-                       for b in cfg["backends"]}
+        self.groups, self.calls = {}, {}
+        for b in cfg["backends"]:
+            if b == "mpi":
+                from mpi4py import MPI
+                self.calls[b] = MpiCalls(MPI.COMM_WORLD.Dup())
+                continue
+            if b == "fake":
+                import torch.testing._internal.distributed.fake_pg  # noqa: F401 (registers it)
+            self.groups[b] = dist.new_group(backend=b, timeout=op_timeout)
+            self.calls[b] = (FakeCalls if b == "fake" else TorchCalls)(self.groups[b])
         self.broken = {}
 
     def agree_max(self, values):
@@ -278,7 +383,7 @@ class Worker:
         point weighs on both alike."""
         cfg, world, perf = self.cfg, self.world, time.perf_counter
         n, chunk = elements(op, size, world)
-        rows = {b: {"world_size": world, "op": op, "bytes": n * ELEM, "backend": b,
+        rows = {b: {"world_size": world, "transport": cfg["transport"], "op": op, "bytes": n * ELEM, "backend": b,
                     "iters": 0, "avg_us": None, "p50_us": None, "gbps": None,
                     "status": "ok"} for b in order}
         live = []
@@ -314,7 +419,7 @@ class Worker:
 
         for b in live:
             try:
-                points[b] = Point(op, n, chunk, self.groups[b], self.rank, world)
+                points[b] = Point(op, n, chunk, self.calls[b], self.rank, world)
                 points[b].run()  # first touch of the pages, connections, staging
                 t0 = perf()
                 for _ in range(warm):
@@ -335,7 +440,7 @@ class Worker:
                 # this slice's even share of the point's iterations
                 count = iters[b] * (k + 1) // rounds - iters[b] * k // rounds
                 try:
-                    self.dist.barrier(group=self.groups[b])
+                    self.calls[b].barrier()
                     stamps = [0.0] * (count + 1)
                     run = points[b].run
                     stamps[0] = perf()
@@ -349,8 +454,10 @@ class Worker:
             settle()
         for b in list(live):
             points.pop(b).free()
+            if not self.calls[b].checks:
+                continue
             try:
-                wrong = Point.check_once(op, n, chunk, self.groups[b], self.rank, world)
+                wrong = Point.check_once(op, n, chunk, self.calls[b], self.rank, world)
                 if wrong:
                     errs[b] = f"WRONG RESULT: {wrong}"
             except Exception:
@@ -390,7 +497,8 @@ class Worker:
                 k += 1
                 got = self.measure(op, size, order)
                 rows += [got[b] for b in cfg["backends"]]
-                self.log("  " + progress_line(self.world, op, size, [got[b] for b in cfg["backends"]]))
+                self.log("  " + progress_line(cfg["transport"], self.world, op, size,
+                                              [got[b] for b in cfg["backends"]]))
         self.dist.barrier()
         for g in self.groups.values():
             self.dist.destroy_process_group(g)
@@ -398,8 +506,8 @@ class Worker:
         return rows
 
 
-def progress_line(world, op, size, rows):
-    parts = [f"[{world} ranks] {op} {human(size)}:"]
+def progress_line(transport, world, op, size, rows):
+    parts = [f"[{transport}, {world} ranks] {op} {human(size)}:"]
     for r in rows:
         if r["avg_us"] is None:
             parts.append(f"{r['backend']} {r['status']}")
@@ -408,20 +516,43 @@ def progress_line(world, op, size, rows):
     return "  ".join(parts)
 
 
+def rank_rows(rank, port, world, cfg):
+    """One rank's whole job: rank 0's rows (None on the others)."""
+    import torch
+    import torch.distributed as dist
+    # read when the dlslime group opens its context
+    os.environ["DLSLIME_TRANSPORT"] = cfg["transport"]
+    # two cores for every rank: one intra-op thread each
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False,
+                          timeout=datetime.timedelta(seconds=120))
+    rows = Worker(rank, world, store, cfg).run()
+    return rows if rank == 0 else None
+
+
 def worker_main(rank, port, world, cfg, conn):
     try:
-        import torch
-        import torch.distributed as dist
-        # two cores for every rank: one intra-op thread each
-        torch.set_num_threads(1)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False,
-                              timeout=datetime.timedelta(seconds=120))
-        rows = Worker(rank, world, store, cfg).run()
-        conn.send(("done", rows if rank == 0 else None))
+        conn.send(("done", rank_rows(rank, port, world, cfg)))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def mpi_rank_main(port, job_dir):
+    """A rank that mpirun started (see mpirun_ranks): Open MPI says which;
+    the outcome goes to job_dir/rank<r>.json as ["done", rows] or
+    ["error", traceback]."""
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    job = Path(job_dir)
+    try:
+        cfg = json.loads((job / "cfg.json").read_text())
+        result = ["done", rank_rows(rank, int(port), world, cfg)]
+    except BaseException:
+        result = ["error", traceback.format_exc()]
+    (job / f"rank{rank}.json").write_text(json.dumps(result))
+    return 0 if result[0] == "done" else 1
 
 
 # ------------------------------------------------------------------ parent side
@@ -473,21 +604,67 @@ def spawn_ranks(world, target, args, deadline_s):
     return rows, errors
 
 
+def mpirun_ranks(world, cfg, deadline_s):
+    """As spawn_ranks, with the ranks started by mpirun, so that each is
+    also an MPI process and the "mpi" backend runs in the same processes,
+    taking turns with the others.  Every rank is unbound (--bind-to none
+    unless cfg["bind"] says otherwise), as under spawn or torchrun."""
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=120))
+    with tempfile.TemporaryDirectory(prefix="torch_dist_bench_") as job:
+        (Path(job) / "cfg.json").write_text(json.dumps(cfg))
+        cmd = [*mpi_launch.mpirun(world, cfg["transport"], cfg["bind"]), sys.executable,
+               str(Path(__file__).resolve()), "--mpi-rank", str(store.port), job]
+        proc = subprocess.Popen(cmd, env=mpi_launch.env(), start_new_session=True)
+        errors = []
+        try:
+            proc.wait(deadline_s)
+        except subprocess.TimeoutExpired:
+            errors.append("still running after the deadline; killed")
+            proc.terminate()  # mpirun takes its ranks down with it
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        rows = []
+        for rank in range(world):
+            out = Path(job) / f"rank{rank}.json"
+            if not out.exists():
+                errors.append(f"rank {rank}: no result (mpirun exit status {proc.returncode})")
+                continue
+            kind, value = json.loads(out.read_text())
+            if kind == "error":
+                errors.append(f"rank {rank} raised:\n{value}")
+            elif rank == 0:
+                rows = value
+    return rows, errors
+
+
 def run_job(world, cfg, deadline_s):
     """Runs every point on `world` ranks; returns rank 0's rows (and the
     errors of ranks that failed as a whole)."""
+    if "mpi" in cfg["backends"]:
+        return mpirun_ranks(world, cfg, deadline_s)
     return spawn_ranks(world, worker_main, (world, cfg), deadline_s)
 
 
 def add_ratios(rows):
-    """bw_ratio = backend GB/s / Gloo GB/s at the same point (= Gloo
-    avg_us / backend avg_us: same bytes); p50_ratio = Gloo p50 / backend p50."""
-    ref = {(r["world_size"], r["op"], r["bytes"]): r for r in rows if r["backend"] == REFERENCE}
-    for r in rows:
-        g = ref.get((r["world_size"], r["op"], r["bytes"]))
-        ok = g is not None and r["avg_us"] and g["avg_us"]
-        r["bw_ratio_vs_gloo"] = g["avg_us"] / r["avg_us"] if ok else None
-        r["p50_ratio_vs_gloo"] = g["p50_us"] / r["p50_us"] if ok and r["p50_us"] and g["p50_us"] else None
+    """For every reference R measured: bw_ratio_vs_R = the backend's GB/s
+    over R's at the same point (= R's avg_us / the backend's: same bytes);
+    p50_ratio_vs_R = R's p50 / the backend's.  Above 1: faster than R."""
+    def key(r):
+        return r["transport"], r["world_size"], r["op"], r["bytes"]
+
+    for ref in REFERENCES:
+        base = {key(r): r for r in rows if r["backend"] == ref}
+        for r in rows:
+            g = base.get(key(r))
+            ok = g is not None and r["avg_us"] and g["avg_us"]
+            r[f"bw_ratio_vs_{ref}"] = g["avg_us"] / r["avg_us"] if ok else None
+            r[f"p50_ratio_vs_{ref}"] = (g["p50_us"] / r["p50_us"]
+                                        if ok and r["p50_us"] and g["p50_us"] else None)
 
 
 def fmt(v, digits=1):
@@ -505,16 +682,20 @@ def fmt_ratio(v):
 
 
 def print_table(rows, backends):
-    others = [b for b in backends if b != REFERENCE] if REFERENCE in backends else []
+    refs = [b for b in REFERENCES if b in backends]
+    ours = [b for b in backends if b not in REFERENCES]
     heads = ["op", "size"]
     for b in backends:
-        heads += [f"{b} us", f"{b} p50", f"{b} GB/s"]
-    for b in others:
-        heads += [f"bw {b}/{REFERENCE}", f"p50 {REFERENCE}/{b}"]
-    for world in sorted({r["world_size"] for r in rows}):
+        heads += [f"{b} us", f"{b} p50"] + ([f"{b} GB/s"] if b in ours else [])
+    for b in ours:
+        for ref in refs:
+            # the floor reads best as how many times torch's own cost we take
+            heads += ([f"{b}/{ref}"] if ref == "fake" else
+                      [f"{ref}/{b}", f"p50 {ref}/{b}"])
+    for transport, world in sorted({(r["transport"], r["world_size"]) for r in rows}):
         by_point = {}
         for r in rows:
-            if r["world_size"] == world:
+            if (r["transport"], r["world_size"]) == (transport, world):
                 by_point.setdefault((r["op"], r["bytes"]), {})[r["backend"]] = r
         lines, notes, ops = [], [], []
         for (op, nbytes), got in by_point.items():
@@ -522,21 +703,24 @@ def print_table(rows, backends):
             for b in backends:
                 r = got.get(b)
                 if r is None or r["avg_us"] is None:
-                    cells += ["-", "-", "-"]
+                    cells += ["-"] * (3 if b in ours else 2)
                     if r is not None:
                         notes.append(f"{b} {op} {human(nbytes)}: {r['status']}")
                 else:
-                    cells += [fmt(r["avg_us"]), fmt(r["p50_us"]), fmt_gbps(r["gbps"])]
-            for b in others:
-                r = got.get(b)
-                cells += [fmt_ratio(r and r["bw_ratio_vs_gloo"]),
-                          fmt_ratio(r and r["p50_ratio_vs_gloo"])]
+                    cells += [fmt(r["avg_us"]), fmt(r["p50_us"])]
+                    cells += [fmt_gbps(r["gbps"])] if b in ours else []
+            for b in ours:
+                r = got.get(b) or {}
+                for ref in refs:
+                    bw, p50 = r.get(f"bw_ratio_vs_{ref}"), r.get(f"p50_ratio_vs_{ref}")
+                    cells += ([fmt_ratio(bw and 1 / bw)] if ref == "fake" else
+                              [fmt_ratio(bw), fmt_ratio(p50)])
             lines.append(cells)
             ops.append(op)
         widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(heads)]
         show = lambda cells: print("  ".join(  # noqa: E731
             c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
-        print(f"\n== world size {world} ==")
+        print(f"\n== {transport}, world size {world} ==")
         show(heads)
         print("  ".join("-" * w for w in widths))
         for i, cells in enumerate(lines):
@@ -547,76 +731,60 @@ def print_table(rows, backends):
             print(f"  note: {n}")
 
 
-def print_targets(rows, backends):
-    """The issue's targets, reported (never asserted: this is a benchmark)."""
-    print("\ntargets (reported, not asserted; ratios of avg times measured side by side):")
-    if REFERENCE not in backends or "dlslime" not in backends:
-        print(f"  none: they compare dlslime with {REFERENCE}; run both")
+def point_name(r):
+    return f"{r['op']} {human(r['bytes'])} on {r['world_size']} ranks over {r['transport']}"
+
+
+def verdict(ok):
+    return "meets" if ok else "MISSES"
+
+
+def target_worst(rows, ref, what, bound):
+    """One 'at least `bound` x ref' target over rows: the worst point, the
+    points below the bound; a point without a number misses it."""
+    if not rows:
+        print(f"  {what}: not measured")
         return
-    ours = [r for r in rows if r["backend"] == "dlslime"]
+    key = f"bw_ratio_vs_{ref}"
+    valid = [r for r in rows if r[key] is not None]
+    missing = len(rows) - len(valid)
+    if not valid:
+        print(f"  {what}: no point with both numbers -> MISSES")
+        return
+    worst = min(valid, key=lambda r: r[key])
+    below = sorted((r for r in valid if r[key] < bound), key=lambda r: r[key])
+    print(f"  {what}: worst {worst[key]:.2f}x at {point_name(worst)}; {len(below)} of "
+          f"{len(rows)} points below{f', {missing} without a number' if missing else ''} "
+          f"-> {verdict(not below and not missing)}")
+    for r in below[:10]:
+        print(f"    below: {point_name(r)}: {r[key]:.2f}x (p50 {fmt_ratio(r[f'p50_ratio_vs_{ref}'])})")
+    if len(below) > 10:
+        print(f"    ... and {len(below) - 10} more")
 
-    def verdict(ok):
-        return "meets" if ok else "MISSES"
 
-    def point(r):
-        return f"{r['op']} {human(r['bytes'])} on {r['world_size']} ranks"
-
-    big = [r for r in ours if r["world_size"] == 2 and r["op"] in ("send_recv", "all_reduce")
-           and r["bytes"] >= MiB]
-    for op in ("send_recv", "all_reduce"):
-        rs = [r for r in big if r["op"] == op]
-        if not rs:
-            print(f"  {op} bandwidth >= 3x gloo from 1 MiB, 2 ranks: not measured")
-            continue
-        missing = [r for r in rs if r["bw_ratio_vs_gloo"] is None]
-        worst = min((r for r in rs if r["bw_ratio_vs_gloo"] is not None),
-                    key=lambda r: r["bw_ratio_vs_gloo"], default=None)
-        if worst is None:
-            print(f"  {op} bandwidth >= 3x gloo from 1 MiB, 2 ranks: no valid point -> MISSES")
-            continue
-        ok = worst["bw_ratio_vs_gloo"] >= 3 and not missing
-        print(f"  {op} bandwidth >= 3x gloo from 1 MiB, 2 ranks: worst "
-              f"{worst['bw_ratio_vs_gloo']:.2f}x at {human(worst['bytes'])}"
-              f"{f', {len(missing)} point(s) without a number' if missing else ''} -> {verdict(ok)}")
-    for op in ("send_recv", "all_reduce"):
-        rs = [r for r in ours if r["world_size"] == 2 and r["op"] == op and r["bytes"] == 8]
-        if not rs:
-            print(f"  {op} 8-byte latency >= 3x lower than gloo, 2 ranks: not measured")
-            continue
-        r = rs[0]
-        if r["bw_ratio_vs_gloo"] is None:
-            print(f"  {op} 8-byte latency >= 3x lower than gloo, 2 ranks: no number -> MISSES")
-            continue
-        g = next(x for x in rows if x["backend"] == REFERENCE and x["world_size"] == 2
-                 and x["op"] == op and x["bytes"] == 8)
-        print(f"  {op} 8-byte latency >= 3x lower than gloo, 2 ranks: {r['avg_us']:.1f} us vs "
-              f"{g['avg_us']:.1f} us = {r['bw_ratio_vs_gloo']:.2f}x (p50 "
-              f"{r['p50_ratio_vs_gloo']:.2f}x) -> {verdict(r['bw_ratio_vs_gloo'] >= 3)}")
-    valid = [r for r in ours if r["bw_ratio_vs_gloo"] is not None]
-    failed = [r for r in ours if r["avg_us"] is None and not r["status"].startswith("skipped")]
-    if valid:
-        worst = min(valid, key=lambda r: r["bw_ratio_vs_gloo"])
-        slower = sorted((r for r in valid if r["bw_ratio_vs_gloo"] < 1),
-                        key=lambda r: r["bw_ratio_vs_gloo"])
-        print(f"  never slower than gloo (every op, size and world size run): worst "
-              f"{worst['bw_ratio_vs_gloo']:.2f}x at {point(worst)}; "
-              f"{len(slower)} of {len(valid)} points slower"
-              f"{f', {len(failed)} without a number' if failed else ''} -> "
-              f"{verdict(not slower and not failed)}")
-        for r in slower[:12]:
-            print(f"    slower: {point(r)}: {r['bw_ratio_vs_gloo']:.2f}x "
-                  f"(p50 {fmt_ratio(r['p50_ratio_vs_gloo'])})")
-        if len(slower) > 12:
-            print(f"    ... and {len(slower) - 12} more")
-        # the verdict is on averages; a slower median is worth seeing too
-        slow50 = sorted((r for r in valid if r["p50_ratio_vs_gloo"] is not None
-                         and r["p50_ratio_vs_gloo"] < 1), key=lambda r: r["p50_ratio_vs_gloo"])
-        if slow50:
-            print(f"    (medians: dlslime's p50 is above gloo's at {len(slow50)} points: "
-                  + ", ".join(f"{point(r)} {r['p50_ratio_vs_gloo']:.2f}x" for r in slow50[:8])
-                  + (", ..." if len(slow50) > 8 else "") + ")")
-    else:
-        print("  never slower than gloo: no point with both numbers -> MISSES")
+def print_targets(rows, backends):
+    """Issue 17's targets, reported (never asserted: this is a benchmark);
+    ratios of avg times measured side by side."""
+    print("\ntargets (reported, not asserted; ratios of avg times measured side by side):")
+    ours = [r for r in rows if r["backend"] == "dlslime" and not r["status"].startswith("skipped")]
+    if not ours:
+        print("  none: they are about dlslime; run it")
+        return
+    if "mpi" in backends:
+        for transport in sorted({r["transport"] for r in ours}):
+            sel = [r for r in ours if r["transport"] == transport and r["world_size"] == 2
+                   and r["op"] in ("send_recv", "all_reduce") and r["bytes"] >= 64 * KiB]
+            target_worst(sel, "mpi", f"send_recv and all_reduce >= 1.0x MPI from 64 KiB, 2 ranks, "
+                                     f"{transport}", 1.0)
+        target_worst([r for r in ours if r["bytes"] >= 64 * KiB], "mpi",
+                     "every op >= 1.0x MPI from 64 KiB (all world sizes)", 1.0)
+    if "fake" in backends:
+        for op in ("send_recv", "all_reduce"):
+            sel = [r for r in ours if r["world_size"] == 2 and r["op"] == op and r["bytes"] == 8]
+            target_worst(sel, "fake", f"{op} 8 B within 1.5x of torch's floor (fake/dlslime >= "
+                                      f"0.67), 2 ranks", 1 / 1.5)
+    if "gloo" in backends:
+        target_worst(ours, "gloo", "never slower than gloo (every point run)", 1.0)
 
 
 def write_csv(path, rows):
@@ -636,29 +804,30 @@ def plot(path, rows, backends, ops):
     except ImportError:
         print("no plot: matplotlib is not installed (pip install matplotlib)")
         return False
-    worlds = sorted({r["world_size"] for r in rows})
+    jobs = sorted({(r["transport"], r["world_size"]) for r in rows})
     lo, hi = min(r["bytes"] for r in rows), max(r["bytes"] for r in rows)
     # per world size a block of panels, up to 3 a row
     cols = min(3, len(ops))
     block = math.ceil(len(ops) / cols)
-    fig, axes = plt.subplots(block * len(worlds), cols, squeeze=False,
-                             figsize=(4.6 * cols, 3.4 * block * len(worlds)))
+    fig, axes = plt.subplots(block * len(jobs), cols, squeeze=False,
+                             figsize=(4.6 * cols, 3.4 * block * len(jobs)))
     for ax in axes.flat:
         ax.set_visible(False)
-    for i, world in enumerate(worlds):
+    for i, (transport, world) in enumerate(jobs):
         for j, op in enumerate(ops):
             ax = axes[i * block + j // cols][j % cols]
             ax.set_visible(True)
             for b in backends:
                 pts = sorted((r["bytes"], r["gbps"]) for r in rows
-                             if r["world_size"] == world and r["op"] == op
+                             if (r["transport"], r["world_size"]) == (transport, world)
+                             and r["op"] == op
                              and r["backend"] == b and r["gbps"])
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                             markersize=3, label=b)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_title(f"{op}, {world} ranks", fontsize=10)
+            ax.set_title(f"{op}, {world} ranks, {transport}", fontsize=10)
             ax.grid(True, which="both", alpha=0.3)
             ticks = [t for t in (4, 64, 1 * KiB, 16 * KiB, 256 * KiB, 4 * MiB, 64 * MiB)
                      if lo <= t <= hi]
@@ -676,7 +845,8 @@ def plot(path, rows, backends, ops):
     return True
 
 
-def main(argv=None):
+def parse_args(argv):
+    """The command line: (args, ops, backends, transports, worlds, sizes)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -684,7 +854,15 @@ def main(argv=None):
                          f"2 ranks unless --world-sizes: well under 2 minutes")
     ap.add_argument("--world-sizes", help="comma list of world sizes (default 2,4; quick: 2)")
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma list of {','.join(OPS)}")
-    ap.add_argument("--backends", default="dlslime,gloo", help="comma list (default dlslime,gloo)")
+    ap.add_argument("--backends", default=None,
+                    help=f"comma list of torch backends and mpi (default {','.join(DEFAULT_BACKENDS)}; "
+                         f"mpi is dropped with a note where Open MPI or mpi4py is missing)")
+    ap.add_argument("--transport", default="shm",
+                    help="comma list of shm,tcp: dlslime's transport (DLSLIME_TRANSPORT) and "
+                         "MPI's (vader or tcp on loopback); Gloo is always tcp (default shm)")
+    ap.add_argument("--bind", choices=("none", "core"), default="none",
+                    help="mpirun's --bind-to for every rank, all backends alike (default none, "
+                         "as torchrun and spawn leave them)")
     ap.add_argument("--max-size", type=parse_size, default=256 * MiB,
                     help="largest size (default 256MiB)")
     ap.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
@@ -706,9 +884,19 @@ def main(argv=None):
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     if not ops or any(o not in OPS for o in ops):
         ap.error(f"--ops takes a comma list of {','.join(OPS)}")
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    backends = [b.strip() for b in (args.backends or ",".join(DEFAULT_BACKENDS)).split(",")
+                if b.strip()]
     if not backends or len(set(backends)) != len(backends):
         ap.error("--backends takes a comma list of distinct backend names")
+    transports = [t.strip() for t in args.transport.split(",") if t.strip()]
+    if not transports or any(t not in mpi_launch.TRANSPORT_MCA for t in transports):
+        ap.error("--transport takes a comma list of shm,tcp")
+    why = "mpi" in backends and mpi_launch.missing()
+    if why and args.backends:
+        ap.error(f"mpi: {why}")
+    if why:
+        print(f"mpi: not measured: {why}", file=sys.stderr)
+        backends.remove("mpi")
     try:
         worlds = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
                   else [2] if args.quick else [2, 4])
@@ -727,6 +915,14 @@ def main(argv=None):
     sizes = [s for s in sizes if s <= args.max_size]
     if not sizes:
         ap.error("no size left under --max-size")
+    return args, ops, backends, transports, worlds, sizes
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--mpi-rank"]:  # a rank of mpirun_ranks' job
+        return mpi_rank_main(*argv[1:])
+    args, ops, backends, transports, worlds, sizes = parse_args(argv)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     csv_path = Path(args.csv) if args.csv else REPO / "bench" / "results" / f"torch_dist_{stamp}.csv"
     png_path = Path(args.plot) if args.plot else csv_path.with_suffix(".png")
@@ -734,19 +930,20 @@ def main(argv=None):
     cfg = {"ops": ops, "sizes": sizes, "backends": backends,
            "time": args.time if args.time is not None else (0.05 if args.quick else 0.15),
            "min_iters": args.min_iters, "max_iters": 200000, "rounds": args.rounds,
-           "op_timeout": args.op_timeout}
+           "op_timeout": args.op_timeout, "bind": args.bind}
     # a generous bound on the whole job, so a hang cannot last forever
     deadline = 120 + len(ops) * len(sizes) * len(backends) * (cfg["time"] + 2) * 4 + \
         sum(s for s in sizes if s >= 16 * MiB) / MiB * 1.0 * len(ops) * len(backends)
 
     started = time.monotonic()
     rows, errors = [], []
-    for world in worlds:
-        print(f"# {world} ranks: {len(ops)} ops x {len(sizes)} sizes x {', '.join(backends)}",
-              file=sys.stderr, flush=True)
-        got, errs = run_job(world, cfg, deadline)
-        rows += got
-        errors += [f"{world} ranks: {e}" for e in errs]
+    for transport in transports:
+        for world in worlds:
+            print(f"# {transport}, {world} ranks: {len(ops)} ops x {len(sizes)} sizes x "
+                  f"{', '.join(backends)}", file=sys.stderr, flush=True)
+            got, errs = run_job(world, {**cfg, "transport": transport}, deadline)
+            rows += got
+            errors += [f"{transport}, {world} ranks: {e}" for e in errs]
     add_ratios(rows)
 
     print_table(rows, backends)
@@ -755,7 +952,10 @@ def main(argv=None):
           "half a round trip. GB/s = 10^9 bytes / avg time, bytes = the size column:\n"
           "the tensor for send_recv, all_reduce, broadcast; the whole list of world chunks on one "
           "rank for all_gather (output),\nreduce_scatter (input) and all_to_all (input). "
-          "bw b/gloo = b's GB/s / gloo's (= gloo avg / b avg); p50 gloo/b = gloo p50 / b p50.")
+          "R/b = R's avg / b's (= b's GB/s over R's; above 1: b is faster); p50 R/b the same of "
+          "the medians;\nb/fake = b's avg over torch's do-nothing backend's: how many times "
+          "torch's own cost the op takes. mpi = Open MPI through mpi4py\n(ob1; vader on shm, "
+          "tcp on loopback), lists of chunks laid out flat as MPI takes them.")
     print_targets(rows, backends)
     if rows:
         csv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -770,8 +970,8 @@ def main(argv=None):
     for e in errors:
         print(f"torch_dist_bench.py: FAILED: {e}", file=sys.stderr)
     for r in failed:
-        print(f"torch_dist_bench.py: FAILED: {r['backend']} {r['op']} {human(r['bytes'])} on "
-              f"{r['world_size']} ranks: {r['status']}", file=sys.stderr)
+        print(f"torch_dist_bench.py: FAILED: {r['backend']} {point_name(r)}: {r['status']}",
+              file=sys.stderr)
     return 1 if errors or failed or not rows else 0
 
 

@@ -60,6 +60,7 @@ struct slime_comm {
     uint64_t next_seq;
     bool worker_started, stopping;
     bool running;                   /* a collective runs (worker or waiter) */
+    bool worker_watching;           /* the worker sleeps until a queued one is due */
     pthread_t worker;
     slime_status_t broken;          /* SLIME_OK until a collective fails */
     char broken_text[512];
@@ -92,8 +93,8 @@ struct coll_op {
     const char *name;
     slime_req_t *req;
     uint64_t seq;
-    char what[160];                 /* "allreduce #3 (1000 x float32, sum)" */
     bool typed;                     /* count / dtype / redop describe it */
+    uint64_t posted_ns;             /* the worker leaves it to its poster a moment */
     /* arguments, as each collective uses them */
     void *buf;
     const void *src;
@@ -141,6 +142,11 @@ slime_status_t coll_copy_blocks(const char *name, const char *what, const void *
 const void **coll_flat_blocks(const void *base, int n, size_t stride);
 
 /* ---- worker.c ---- */
+/* What the op is, for error texts: "allreduce #3 (1000 x float32, sum)".
+ * Written only when needed: formatting it at every post cost a small
+ * collective a noticeable part of its time. */
+typedef struct coll_what { char text[160]; } coll_what_t;
+coll_what_t coll_what(const coll_op_t *op);
 /* Checks the common arguments (comm, out) and the root if root_used. */
 slime_status_t coll_check(const slime_comm_t *comm, slime_req_t **out, const char *name,
                           bool root_used, int root);

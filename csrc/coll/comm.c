@@ -73,7 +73,11 @@ slime_status_t slime_comm_create(slime_ctx_t *ctx, uint32_t comm_id, uint32_t ep
     atomic_init(&c->timeout_ms, timeout_ms);
     atomic_init(&c->closing, false);
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    pthread_condattr_t ca; /* the worker's timed waits are on the monotonic clock */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
     list_init(&c->queue);
     c->broken = SLIME_OK;
     comm_drop_stale(ctx, comm_id, epoch, false);

@@ -32,7 +32,7 @@ static bool vfail(coll_run_t *r, slime_status_t st, const char *fmt, va_list ap)
     char why[800];
     vsnprintf(why, sizeof why, fmt, ap);
     r->status = st;
-    snprintf(r->detail, sizeof r->detail, "%s: %s", r->op->what, why);
+    snprintf(r->detail, sizeof r->detail, "%s: %s", coll_what(r->op).text, why);
     return false;
 }
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "coll/coll.h"
@@ -60,6 +61,16 @@ slime_status_t coll_check(const slime_comm_t *comm, slime_req_t **out, const cha
     return SLIME_OK;
 }
 
+coll_what_t coll_what(const coll_op_t *op) {
+    coll_what_t w;
+    if (op->typed)
+        snprintf(w.text, sizeof w.text, "%s #%" PRIu64 " (%zu x %s, %s)", op->name, op->seq, op->count,
+                 dtype_name(op->dtype), redop_name(op->redop));
+    else
+        snprintf(w.text, sizeof w.text, "%s #%" PRIu64 " (%zu bytes)", op->name, op->seq, op->bytes);
+    return w;
+}
+
 static void op_free(coll_op_t *op) {
     free(op->v);
     free(op->ptrs);
@@ -91,7 +102,7 @@ static void run_one(slime_comm_t *comm, coll_op_t *op) {
     if (st == SLIME_OK && (st = abort_received(comm, text, sizeof text)) != SLIME_OK)
         comm_break(comm, st, text);
     if (st != SLIME_OK) {
-        p2p_req_worker_complete(op->req, st, "%s: communicator is broken: %s", op->what, text);
+        p2p_req_worker_complete(op->req, st, "%s: communicator is broken: %s", coll_what(op).text, text);
         return;
     }
     coll_run_t run;
@@ -123,8 +134,35 @@ static void run_taken(slime_comm_t *comm, coll_op_t *op) {
     op_free(op);
     pthread_mutex_lock(&comm->mu);
     comm->running = false;
-    pthread_cond_broadcast(&comm->cv); /* the worker, or destroy waiting for us */
+    /* the worker may take the next one now (destroy polls `running`):
+     * with nothing queued, a wake-up would only cost it a turn */
+    if (!list_empty(&comm->queue)) pthread_cond_signal(&comm->cv);
     pthread_mutex_unlock(&comm->mu);
+}
+
+/* How long the worker leaves a new collective to the thread that posted
+ * it.  Callers mostly wait right after posting, and a waiter runs the
+ * collective itself (run_here): the worker taking it first instead costs
+ * two thread hand-offs, several microseconds on a small collective.
+ * One nobody waits for starts this much later. */
+#define WORKER_GRACE_NS 50000ull
+
+/* Under comm->mu: the next collective for the worker, now running, or
+ * NULL after sleeping (until woken, or until the first queued one has
+ * been left to its poster long enough). */
+static coll_op_t *worker_take(slime_comm_t *comm) {
+    if (comm->running || list_empty(&comm->queue)) {
+        pthread_cond_wait(&comm->cv, &comm->mu);
+        return NULL;
+    }
+    uint64_t due = list_first(&comm->queue, coll_op_t, link)->posted_ns + WORKER_GRACE_NS;
+    if (now_ns() >= due) return take_next(comm);
+    struct timespec ts = {(time_t)(due / 1000000000ull), (long)(due % 1000000000ull)};
+    /* it looks at the queue again when due: posts need not wake it */
+    comm->worker_watching = true;
+    pthread_cond_timedwait(&comm->cv, &comm->mu, &ts);
+    comm->worker_watching = false;
+    return NULL;
 }
 
 static void *worker_main(void *arg) {
@@ -132,7 +170,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_lock(&comm->mu);
     for (;;) {
         coll_op_t *op = NULL;
-        while (!comm->stopping && !(op = take_next(comm))) pthread_cond_wait(&comm->cv, &comm->mu);
+        while (!comm->stopping && !(op = worker_take(comm))) continue;
         if (!op) break; /* stopping: destroy fails what is left */
         pthread_mutex_unlock(&comm->mu);
         run_taken(comm, op);
@@ -169,12 +207,24 @@ void coll_live_remove(slime_comm_t *comm) {
     pthread_mutex_unlock(&live_mu);
 }
 
+/* How far a waiter's deadline may fall short of the collective's own
+ * timeout and the waiter still run it (it cannot stop earlier): a
+ * sixteenth of the timeout, at most a second.  Waiters pass the very
+ * timeout the collective has (torch's Work, p2p_bench), measured a
+ * moment before it is checked here and rounded down to milliseconds;
+ * without the grace none of them ever ran a collective itself and every
+ * small one paid two thread hand-offs. */
+static uint64_t run_here_grace_ns(int64_t timeout_ms) {
+    uint64_t grace_ms = (uint64_t)timeout_ms / 16;
+    return (grace_ms < 1000 ? grace_ms : 1000) * 1000000ull;
+}
+
 /* run_here of a collective's request: if its collective is next in line
  * and nothing runs, run it in this thread.  Only when the wait would
- * last at least the collective's own timeout, since running it cannot
- * stop at an earlier deadline.  The live list (a communicator found
- * there is locked before the list is let go) keeps a destroyed
- * communicator from being touched: destroy removes it first. */
+ * last about the collective's own timeout (run_here_grace_ns), since
+ * running it cannot stop at an earlier deadline.  The live list (a
+ * communicator found there is locked before the list is let go) keeps a
+ * destroyed communicator from being touched: destroy removes it first. */
 static bool run_here(slime_req_t *req, void *key, uint64_t deadline_ns) {
     pthread_mutex_lock(&live_mu);
     slime_comm_t *comm = NULL;
@@ -188,7 +238,8 @@ static bool run_here(slime_req_t *req, void *key, uint64_t deadline_ns) {
     pthread_mutex_unlock(&live_mu);
     coll_op_t *op = NULL;
     int64_t t = atomic_load(&comm->timeout_ms);
-    bool long_enough = deadline_ns >= now_ns() + (uint64_t)(t > 0 ? t : 0) * 1000000ull;
+    t = t > 0 ? t : 0;
+    bool long_enough = deadline_ns + run_here_grace_ns(t) >= now_ns() + (uint64_t)t * 1000000ull;
     if (long_enough && !comm->stopping && !list_empty(&comm->queue) &&
         list_first(&comm->queue, coll_op_t, link)->req == req)
         op = take_next(comm);
@@ -211,20 +262,16 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
     op->req = req;
     list_init(&op->link);
 
+    op->posted_ns = now_ns();
     pthread_mutex_lock(&comm->mu);
     op->seq = comm->next_seq++;
-    if (op->typed)
-        snprintf(op->what, sizeof op->what, "%s #%" PRIu64 " (%zu x %s, %s)", op->name, op->seq, op->count,
-                 dtype_name(op->dtype), redop_name(op->redop));
-    else
-        snprintf(op->what, sizeof op->what, "%s #%" PRIu64 " (%zu bytes)", op->name, op->seq, op->bytes);
     if (comm->broken != SLIME_OK) {
         /* nothing will run again: fail it here, the order is moot */
         slime_status_t st = comm->broken;
         char text[600];
         snprintf(text, sizeof text, "%s", comm->broken_text);
         pthread_mutex_unlock(&comm->mu);
-        p2p_req_worker_complete(req, st, "%s: communicator is broken: %s", op->what, text);
+        p2p_req_worker_complete(req, st, "%s: communicator is broken: %s", coll_what(op).text, text);
         op_free(op);
         *out = req;
         return SLIME_OK;
@@ -239,7 +286,7 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
         comm->worker_started = true;
     }
     list_push_back(&comm->queue, &op->link);
-    pthread_cond_signal(&comm->cv);
+    if (!comm->worker_watching) pthread_cond_signal(&comm->cv);
     pthread_mutex_unlock(&comm->mu);
     *out = req;
     return SLIME_OK;
@@ -274,7 +321,8 @@ void coll_worker_stop(slime_comm_t *comm) {
     while (!list_empty(&left)) {
         coll_op_t *op = list_first(&left, coll_op_t, link);
         list_del(&op->link);
-        p2p_req_worker_complete(op->req, SLIME_ERR_CLOSED, "%s: communicator destroyed before it ran", op->what);
+        p2p_req_worker_complete(op->req, SLIME_ERR_CLOSED, "%s: communicator destroyed before it ran",
+                                coll_what(op).text);
         op_free(op);
     }
 }

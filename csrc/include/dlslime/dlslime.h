@@ -396,8 +396,13 @@ SLIME_API slime_status_t slime_req_on_complete(slime_req_t *req,
  * Collectives run in the order they are posted on a communicator: every
  * rank must post the same sequence, as in MPI.  They are executed by the
  * communicator's worker thread (the caller returns at once with a
- * request); the request completes when this rank's part is done and its
- * buffers may be used.  A lost member fails the pending and later
+ * request), or by a thread that waits on one not yet started, with no
+ * hand-off (a collective nobody waits on starts at most 50 us after its
+ * post); the request completes when this rank's part is done and its
+ * buffers may be used.  A wait for about the communicator's timeout or
+ * longer may so run the collective; if it then times out, the wait can
+ * outlast its own timeout by up to a sixteenth of the communicator's
+ * (at most a second).  A lost member fails the pending and later
  * collectives with SLIME_ERR_PEER_LOST; a collective that is not complete
  * within the communicator's timeout fails with SLIME_ERR_TIMEOUT.
  * Buffers must not overlap unless an operation says it works in place.
