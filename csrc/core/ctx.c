@@ -38,7 +38,7 @@ static slime_ctx_t *ctx_alloc(const slime_ctx_opts_t *opts, int force) {
     list_init(&ctx->mrs);
     list_init(&ctx->callbacks);
     ctx->epfd = ctx->pt_epfd = ctx->wakefd = ctx->mr_fd = -1;
-    do ctx->id = random_u64(); while (ctx->id == 0);
+    context_id_init(ctx);
     ctx->force = force;
     token_init(ctx, opts->token, opts->token_len);
     ctx->unexp_cap = env_size("DLSLIME_UNEXPECTED_MAX", 256u << 20);

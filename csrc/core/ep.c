@@ -131,7 +131,18 @@ static slime_status_t settle(slime_ctx_t *ctx, slime_ep_t *ep, uint64_t deadline
     pthread_mutex_unlock(&ctx->lock);
     bool ok = ctx_wait_until(ctx, ep_settled, ep, deadline);
     pthread_mutex_lock(&ctx->lock);
-    if (!ok) return slime_errorf(SLIME_ERR_TIMEOUT, "connect: timed out waiting for peer %016" PRIx64, ep->peer_id);
+    if (!ok) {
+        slime_status_t st =
+            slime_errorf(SLIME_ERR_TIMEOUT, "connect: timed out waiting for peer %016" PRIx64, ep->peer_id);
+        /* nobody of ours is dialing: the peer said its dial would come (or
+         * that it was connected) and it never came.  Left connecting, the
+         * endpoint would make every later connect wait for it too. */
+        if (ep->state == EP_CONNECTING && !ep->dialing) {
+            ep_fail(ep, st, "the peer's connection never came");
+            slime_errorf(st, "connect: timed out waiting for peer %016" PRIx64, ep->peer_id);
+        }
+        return st;
+    }
     if (ep->state == EP_UP) { *out = ep; return SLIME_OK; }
     return slime_errorf(ep->down_status ? ep->down_status : SLIME_ERR_PEER_LOST, "connect: %s", ep->down_reason);
 }

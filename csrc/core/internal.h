@@ -347,7 +347,8 @@ typedef struct tp_slot {
 
 struct slime_ctx {
     pthread_mutex_t lock;
-    uint64_t id;
+    uint64_t id;                /* context_id(id_secret) (token.c) */
+    uint8_t id_secret[SLIME_ID_SECRET];
     uint64_t proof, job;        /* from the token (token.c) */
     bool own_token;             /* none was given: a random one, in the address */
     int force;                  /* 0 auto, else the forced transport's wire id */
@@ -439,6 +440,12 @@ uint64_t token_digest(const char *domain, const void *tok, size_t len);
  * (ctx->own_token). */
 void token_init(slime_ctx_t *ctx, const void *tok, size_t len);
 uint64_t random_u64(void);
+/* A context's id: the digest of its secret (what a hello proves it by). */
+uint64_t context_id(const uint8_t secret[SLIME_ID_SECRET]);
+/* A fresh secret, and ctx->id from it. */
+void context_id_init(slime_ctx_t *ctx);
+/* sha256.c */
+void sha256(const void *data, size_t len, uint8_t out[32]);
 
 /* transports.c: the provider table's transports in a context */
 /* The transport named name ("auto": *force 0), as ctx->force. */

@@ -63,15 +63,16 @@ def target(link, transport, fd_headroom=None, token=TOKEN):
         link.put("served")
 
 
-def assert_serves(peer, address, transport, token=TOKEN):
+def assert_serves(peer, address, transport, token=TOKEN, ctx=None, timeout_ms=CONNECT_TIMEOUT_MS):
     """A genuine peer (with token; None: without one, given the target's
-    address) connects to the target and gets its echo back."""
+    address) connects to the target and gets its echo back.  The peer is
+    ctx where given (closed here), else a new context."""
     peer.proc.join(0.5)  # a crash the attack caused shows by now
     assert peer.proc.is_alive(), f"the target died (exit code {peer.proc.exitcode})"
-    ctx = _C.Context(transport=transport, token=token)
+    ctx = ctx or _C.Context(transport=transport, token=token)
     peer.put(("serve", ctx.id))
     try:
-        ep = ctx.connect(address, timeout_ms=CONNECT_TIMEOUT_MS)
+        ep = ctx.connect(address, timeout_ms=timeout_ms)
         data = pattern(ECHO_BYTES, 7)
         back = np.zeros(ECHO_BYTES, dtype=np.uint8)
         r = ep.recv(back, tag=2)
