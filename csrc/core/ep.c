@@ -91,6 +91,7 @@ void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...) {
         list_del(&t->link);
         if (t->req) req_complete(t->req, st, "%s", why);
         if (t->release_handle) mr_own_release(ctx, t->release_handle - 1);
+        if (t->held) ep_unhold(ep);
         free(t);
     }
     if (ep->rx.pinned) {

@@ -172,6 +172,7 @@ typedef struct txn {
     size_t sent;                /* bytes of header + payload sent */
     slime_req_t *req;           /* completed when fully sent, if set */
     uint64_t release_handle;    /* our region to unpin when sent (+1), or 0 (mr_own_release) */
+    bool held;                  /* a reply to the peer's request: an item of its budget */
     char text[];                /* small owned payload (error texts) */
 } txn_t;
 
@@ -254,6 +255,7 @@ struct slime_ep {
     size_t imm_head, imm_count, imm_cap;
     slime_list_t imm_waiters;
     char desc[256];             /* slime_ep_describe, set when attached */
+    size_t held;                /* items this peer makes us hold (budget.c) */
 };
 
 slime_ep_t *ep_find(slime_ctx_t *ctx, uint64_t peer_id);
@@ -265,6 +267,12 @@ void ep_attach(slime_ep_t *ep, const struct transport_ops *tp, void *conn,
 void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void ep_free(slime_ep_t *ep);
+/* budget.c: counts an item the peer makes us hold (what: which kind,
+ * for the error); false when that puts it over its budget, and then ep
+ * is down.  ep_unhold when the item goes. */
+void budget_init(slime_ctx_t *ctx);
+bool ep_hold(slime_ep_t *ep, const char *what);
+void ep_unhold(slime_ep_t *ep);
 /* Whether ep's transport has every capability in caps (TP_CAP_*). */
 bool ep_has_cap(const slime_ep_t *ep, unsigned caps);
 
@@ -370,6 +378,7 @@ struct slime_ctx {
     slime_list_t posted;        /* slime_req_t via qlink */
     slime_list_t unexpected;    /* umsg_t */
     size_t unexp_bytes, unexp_cap;
+    size_t peer_items_max;      /* DLSLIME_PEER_ITEMS_MAX (budget.c) */
     /* wire ids of requests */
     slime_req_t **ids;
     uint32_t *id_gen;

@@ -186,6 +186,29 @@ def silent_connections(address, transport, n):
     return socks
 
 
+F_EAGER, F_RTS, F_IMM = 1, 2, 9
+
+
+def frame(ftype, a=0, b=0, c=0, d=0, u32=0, length=0):
+    """A frame header (wire.h: frame_t)."""
+    return _FRAME.pack(ftype, 0, 0, u32, 0, 0, a, b, c, d, length)
+
+
+def tcp_session(address, ctx_id, timeout=CONNECT_TIMEOUT_MS / 1000):
+    """A connection the target welcomed as peer ctx_id, its frames ours
+    to send."""
+    sock = socket.create_connection(("127.0.0.1", address_tcp_port(address)), timeout=timeout)
+    sock.sendall(hello(address, TRANSPORT_TCP, ctx_id))
+    data = b""
+    while len(data) < _WELCOME.size:
+        chunk = sock.recv(_WELCOME.size - len(data))
+        assert chunk, "the target hung up on the hello"
+        data += chunk
+    verdict, reason = parse_welcome(data)
+    assert verdict == WELCOME_OK, reason
+    return sock
+
+
 def tcp_dial(address, ctx_id, token=TOKEN, timeout=CONNECT_TIMEOUT_MS / 1000):
     """Says hello to the tcp listener of the context at address; returns
     the welcome (verdict, reason), verdict None if it hung up instead."""
