@@ -122,6 +122,10 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     slime_ctx_opts_t dflt;
     slime_ctx_opts_init(&dflt);
     if (!opts) opts = &dflt;
+    /* any process that finds our listener can present the empty token */
+    if (opts->token && !opts->token_len)
+        return slime_errorf(SLIME_ERR_INVAL, "ctx_create: an empty token would let in anyone; pass none (NULL) "
+                                             "for a random token of the context's own");
     int force = 0;
     slime_status_t st = transports_parse(opts->transport ? opts->transport : getenv("DLSLIME_TRANSPORT"), &force);
     if (st != SLIME_OK) return st;

@@ -112,7 +112,8 @@ typedef struct slime_ctx_opts {
     /* Per-job secret.  Peers must present the same bytes at the
      * handshake.  NULL: $DLSLIME_TOKEN, else a random token of this
      * context's own, which its address blob carries: whoever holds the
-     * blob may connect (the blob is the capability). */
+     * blob may connect (the blob is the capability).  An empty token
+     * (token_len 0) is refused: SLIME_ERR_INVAL. */
     const void *token;
     size_t token_len;
 } slime_ctx_opts_t;
