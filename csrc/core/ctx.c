@@ -199,7 +199,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
     }
     team_destroy(atomic_load(&ctx->team)); /* no thread is in a copy now */
     slime_list_t *pos, *tmp;
-    list_for_each_safe(pos, tmp, &ctx->eps) ep_free(container_of(pos, slime_ep_t, link));
+    list_for_each_safe(pos, tmp, &ctx->eps) ep_orphan(container_of(pos, slime_ep_t, link));
     md_close_all(ctx);
     transports_close(ctx);
     mrs_close(ctx);

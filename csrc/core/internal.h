@@ -256,6 +256,16 @@ struct slime_ep {
     slime_list_t imm_waiters;
     char desc[256];             /* slime_ep_describe, set when attached */
     size_t held;                /* items this peer makes us hold (budget.c) */
+    /* Its life.  holds: the application's (slime_ep_hold/release; each
+     * connect and accept hands one out), under ctx->lock.  refs: pointers
+     * to it, one the context's (ctx->eps) and one for each request and
+     * unexpected message naming it and each connect waiting on it; taken
+     * under ctx->lock, dropped anywhere (a request may outlive its
+     * context).  Down, with no holds and only the context's ref, and not
+     * dialing nor queued for accept, it is freed by the next progress
+     * pass (ep_reap); after the context is gone, by its last ref. */
+    unsigned holds;
+    _Atomic unsigned refs;
 };
 
 slime_ep_t *ep_find(slime_ctx_t *ctx, uint64_t peer_id);
@@ -267,6 +277,14 @@ void ep_attach(slime_ep_t *ep, const struct transport_ops *tp, void *conn,
 void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void ep_free(slime_ep_t *ep);
+static inline void ep_ref(slime_ep_t *ep) { atomic_fetch_add_explicit(&ep->refs, 1, memory_order_relaxed); }
+void ep_unref(slime_ep_t *ep);
+/* The context is going: drops its ref, so the last request naming ep
+ * frees it. */
+void ep_orphan(slime_ep_t *ep);
+/* Under ctx->lock, from the progress pass only (no caller up the stack
+ * holds ep): frees ep if nothing can reach it any more; whether it did. */
+bool ep_reap(slime_ep_t *ep);
 /* budget.c: counts an item the peer makes us hold (what: which kind,
  * for the error); false when that puts it over its budget, and then ep
  * is down.  ep_unhold when the item goes. */

@@ -24,6 +24,7 @@ void umsg_free(slime_ctx_t *ctx, umsg_t *m) {
     list_del(&m->link);
     if (!m->rts) ctx->unexp_bytes -= m->len;
     ep_unhold(m->ep);
+    ep_unref(m->ep);
     free(m->data);
     free(m);
 }
@@ -34,6 +35,7 @@ static slime_req_t *match_posted(slime_ctx_t *ctx, slime_ep_t *ep, uint64_t tag)
         slime_req_t *r = container_of(pos, slime_req_t, qlink);
         if (r->tag == tag && (r->ep == NULL || r->ep == ep)) {
             list_del(&r->qlink);
+            if (!r->ep) ep_ref(ep);
             r->ep = ep;
             if (!list_linked(&r->eplink)) list_push_back(&ep->pending, &r->eplink);
             return r;
@@ -124,6 +126,7 @@ bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req) {
     list_for_each_safe(pos, tmp, &ctx->unexpected) {
         umsg_t *m = container_of(pos, umsg_t, link);
         if (m->tag != req->tag || (req->ep && m->ep != req->ep)) continue;
+        if (!req->ep) ep_ref(m->ep);
         req->ep = m->ep;
         if (m->rts) {
             slime_ep_t *ep = m->ep;
@@ -232,6 +235,7 @@ static bool on_eager(slime_ep_t *ep, const frame_t *h) {
         return true;
     }
     m->ep = ep;
+    ep_ref(ep);
     m->tag = h->a;
     m->len = h->len;
     m->data = data;
@@ -259,6 +263,7 @@ static bool on_rts(slime_ep_t *ep, const frame_t *h) {
         return true;
     }
     u->ep = ep;
+    ep_ref(ep);
     u->tag = h->a;
     u->len = h->c;
     u->rts = true;

@@ -195,8 +195,22 @@ SLIME_API slime_status_t slime_ep_status(const slime_ep_t *ep);
 
 /* Closes the connection: pending requests on it fail with
  * SLIME_ERR_CLOSED.  The pointer stays valid until the context is
- * destroyed; a later slime_ep_connect to the same peer dials anew. */
+ * destroyed (or released: slime_ep_release); a later slime_ep_connect to
+ * the same peer dials anew. */
 SLIME_API void slime_ep_close(slime_ep_t *ep);
+
+/* Holds on an endpoint.  Every endpoint slime_ep_connect or
+ * slime_ep_accept returns comes with one hold for the caller, and
+ * slime_ep_hold takes another (for instance on the endpoint of a
+ * request, slime_req_ep, which is otherwise valid only as long as that
+ * request).  slime_ep_release gives one back: the caller will not use
+ * that pointer again.  An endpoint whose holds are all given back is
+ * freed once its connection is down (closed by either side) and no
+ * request or queued message of the context refers to it, so a context
+ * that many peers come to and leave does not grow.  An endpoint that is
+ * never released lives until the context is destroyed. */
+SLIME_API void slime_ep_hold(slime_ep_t *ep);
+SLIME_API void slime_ep_release(slime_ep_t *ep);
 
 /* ------------------------------------------------------------------ */
 /* Memory regions                                                      */
