@@ -5,13 +5,37 @@
  * came and went, an endpoint released while still up and found again by
  * a receive, and a request that outlives its context.  Run under ASan,
  * a use after free or a double free fails it.
+ *
+ * DLSLIME_TEST_CLIENTS=N plays N clients instead, and logs the server's
+ * resident set after a tenth of them and after the last (the figure of
+ * issue 13 is N = 100000; tests/adversarial/test_endpoint_lifetime.py
+ * asserts it flat through Python).
  */
 #include "harness.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CLIENTS 100
+
+static int clients(void)
+{
+    const char *env = getenv("DLSLIME_TEST_CLIENTS");
+    return env && atoi(env) > 0 ? atoi(env) : CLIENTS;
+}
+
+static long rss_kib(void)
+{
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
 #define NOTICE_BOUND_MS 5000
 
 static void ping_pong(slime_ep_t *ep, uint64_t seed, uint64_t peer_seed)
@@ -41,24 +65,28 @@ static void wait_down(slime_ep_t *ep)
 static void case_clients_come_and_go(h_rank_t *r)
 {
     uint8_t blob[SLIME_ADDRESS_MAX];
+    const int n = clients();
     if (r->rank == 0) {
         slime_ctx_t *ctx = h_ctx_create(NULL);
         size_t len = h_ctx_address(ctx, blob);
         h_ctl_send(r, 1, blob, len);
-        for (int i = 0; i < CLIENTS; i++) {
+        long warm = 0;
+        for (int i = 0; i < n; i++) {
             slime_ep_t *ep = NULL;
             H_CHECK_OK(slime_ep_accept(ctx, H_WAIT_MS, &ep));
             ping_pong(ep, 1000 + (uint64_t)i, 2000 + (uint64_t)i);
             /* every other one is given back before its client leaves */
             if (i % 2) wait_down(ep);
             slime_ep_release(ep);
+            if (i + 1 == n / 10) warm = rss_kib();
         }
+        h_log("server RSS %ld KiB after %d clients, %ld KiB after %d", warm, n / 10, rss_kib(), n);
         h_barrier(r);
         slime_ctx_destroy(ctx);
         return;
     }
     size_t len = h_ctl_recv(r, 0, blob, sizeof blob);
-    for (int i = 0; i < CLIENTS; i++) {
+    for (int i = 0; i < n; i++) {
         slime_ctx_t *ctx = h_ctx_create(NULL);
         slime_ep_t *ep = NULL;
         H_CHECK_OK(slime_ep_connect(ctx, blob, len, H_WAIT_MS, &ep));
