@@ -185,7 +185,7 @@ SLIME_API slime_status_t slime_ep_accept(slime_ctx_t *ctx, int64_t timeout_ms,
 SLIME_API const char *slime_ep_transport(const slime_ep_t *ep);
 /* One line on how the endpoint is connected (for logs): the transport
  * and, for verbs, the device, port, GID and MTU on both sides.  Never
- * NULL; valid until the context is destroyed. */
+ * NULL; valid as long as the endpoint (see slime_ep_release). */
 SLIME_API const char *slime_ep_describe(const slime_ep_t *ep);
 /* The peer context's id. */
 SLIME_API uint64_t slime_ep_peer_id(const slime_ep_t *ep);
