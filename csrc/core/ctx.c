@@ -38,10 +38,11 @@ static slime_ctx_t *ctx_alloc(const slime_ctx_opts_t *opts, int force) {
     list_init(&ctx->mrs);
     list_init(&ctx->callbacks);
     ctx->epfd = ctx->pt_epfd = ctx->wakefd = ctx->mr_fd = -1;
-    do ctx->id = random_u64(); while (ctx->id == 0);
+    context_id_init(ctx);
     ctx->force = force;
     token_init(ctx, opts->token, opts->token_len);
     ctx->unexp_cap = env_size("DLSLIME_UNEXPECTED_MAX", 256u << 20);
+    budget_init(ctx);
     address_init(ctx);
     return ctx;
 }
@@ -121,6 +122,10 @@ slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts, slime_ctx_t **out)
     slime_ctx_opts_t dflt;
     slime_ctx_opts_init(&dflt);
     if (!opts) opts = &dflt;
+    /* any process that finds our listener can present the empty token */
+    if (opts->token && !opts->token_len)
+        return slime_errorf(SLIME_ERR_INVAL, "ctx_create: an empty token would let in anyone; pass none (NULL) "
+                                             "for a random token of the context's own");
     int force = 0;
     slime_status_t st = transports_parse(opts->transport ? opts->transport : getenv("DLSLIME_TRANSPORT"), &force);
     if (st != SLIME_OK) return st;
@@ -197,7 +202,7 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
     }
     team_destroy(atomic_load(&ctx->team)); /* no thread is in a copy now */
     slime_list_t *pos, *tmp;
-    list_for_each_safe(pos, tmp, &ctx->eps) ep_free(container_of(pos, slime_ep_t, link));
+    list_for_each_safe(pos, tmp, &ctx->eps) ep_orphan(container_of(pos, slime_ep_t, link));
     md_close_all(ctx);
     transports_close(ctx);
     mrs_close(ctx);

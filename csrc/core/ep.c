@@ -31,6 +31,7 @@ slime_ep_t *ep_new(slime_ctx_t *ctx, uint64_t peer_id) {
     ep->peer_id = peer_id;
     ep->state = EP_CONNECTING;
     ep->fd = -1;
+    atomic_init(&ep->refs, 1); /* ctx->eps */
     list_init(&ep->acceptq);
     list_init(&ep->txq);
     list_init(&ep->pending);
@@ -91,6 +92,7 @@ void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...) {
         list_del(&t->link);
         if (t->req) req_complete(t->req, st, "%s", why);
         if (t->release_handle) mr_own_release(ctx, t->release_handle - 1);
+        if (t->held) ep_unhold(ep);
         free(t);
     }
     if (ep->rx.pinned) {
@@ -119,6 +121,41 @@ void ep_free(slime_ep_t *ep) {
     free(ep);
 }
 
+/* Only the context's ref is left, and none is taken without ctx->lock,
+ * so nobody else can reach it. */
+bool ep_reap(slime_ep_t *ep) {
+    if (ep->state != EP_DOWN || ep->holds || ep->dialing || list_linked(&ep->acceptq) ||
+        atomic_load_explicit(&ep->refs, memory_order_acquire) != 1)
+        return false;
+    list_del(&ep->link);
+    ep_free(ep);
+    return true;
+}
+
+void ep_unref(slime_ep_t *ep) {
+    /* zero only once the context let go of it (ep_orphan) */
+    if (atomic_fetch_sub_explicit(&ep->refs, 1, memory_order_acq_rel) == 1) ep_free(ep);
+}
+
+void ep_orphan(slime_ep_t *ep) {
+    list_del(&ep->link);
+    ep_unref(ep);
+}
+
+void slime_ep_hold(slime_ep_t *ep) {
+    if (!ep) return;
+    pthread_mutex_lock(&ep->ctx->lock);
+    ep->holds++;
+    pthread_mutex_unlock(&ep->ctx->lock);
+}
+
+void slime_ep_release(slime_ep_t *ep) {
+    if (!ep) return;
+    pthread_mutex_lock(&ep->ctx->lock);
+    if (ep->holds) ep->holds--;
+    pthread_mutex_unlock(&ep->ctx->lock);
+}
+
 bool ep_has_cap(const slime_ep_t *ep, unsigned caps) {
     const transport_ops_t *tp = ep ? ep->tp : NULL;
     return tp && (tp->caps & caps) == caps;
@@ -128,10 +165,23 @@ static bool ep_settled(void *arg) { return ep_state(arg) != EP_CONNECTING; }
 
 static slime_status_t settle(slime_ctx_t *ctx, slime_ep_t *ep, uint64_t deadline, slime_ep_t **out) {
     /* someone else is bringing this endpoint up: wait for the outcome */
+    ep_ref(ep);
     pthread_mutex_unlock(&ctx->lock);
     bool ok = ctx_wait_until(ctx, ep_settled, ep, deadline);
     pthread_mutex_lock(&ctx->lock);
-    if (!ok) return slime_errorf(SLIME_ERR_TIMEOUT, "connect: timed out waiting for peer %016" PRIx64, ep->peer_id);
+    ep_unref(ep);
+    if (!ok) {
+        slime_status_t st =
+            slime_errorf(SLIME_ERR_TIMEOUT, "connect: timed out waiting for peer %016" PRIx64, ep->peer_id);
+        /* nobody of ours is dialing: the peer said its dial would come (or
+         * that it was connected) and it never came.  Left connecting, the
+         * endpoint would make every later connect wait for it too. */
+        if (ep->state == EP_CONNECTING && !ep->dialing) {
+            ep_fail(ep, st, "the peer's connection never came");
+            slime_errorf(st, "connect: timed out waiting for peer %016" PRIx64, ep->peer_id);
+        }
+        return st;
+    }
     if (ep->state == EP_UP) { *out = ep; return SLIME_OK; }
     return slime_errorf(ep->down_status ? ep->down_status : SLIME_ERR_PEER_LOST, "connect: %s", ep->down_reason);
 }
@@ -191,6 +241,7 @@ slime_status_t slime_ep_connect(slime_ctx_t *ctx, const void *addr, size_t addr_
         slime_errorf(st, "%s", why); /* ep_fail may have overwritten it */
     }
 out:
+    if (st == SLIME_OK) (*out)->holds++;
     pthread_mutex_unlock(&ctx->lock);
     return st;
 }
@@ -210,6 +261,7 @@ slime_status_t slime_ep_accept(slime_ctx_t *ctx, int64_t timeout_ms, slime_ep_t 
         slime_ep_t *ep = list_first(&ctx->accepted, slime_ep_t, acceptq);
         if (ep) {
             list_del(&ep->acceptq);
+            ep->holds++;
             pthread_mutex_unlock(&ctx->lock);
             *out = ep;
             return SLIME_OK;

@@ -26,6 +26,7 @@ void frames_queue(slime_ep_t *ep, txn_t *t) { list_push_back(&ep->txq, &t->link)
 static void tx_done(slime_ep_t *ep, txn_t *t) {
     list_del(&t->link);
     if (t->release_handle) mr_own_release(ep->ctx, t->release_handle - 1);
+    if (t->held) ep_unhold(ep);
     if (t->req) req_complete(t->req, SLIME_OK, NULL);
     if (t->hdr.type == F_PING) ep->ping_queued = false;
     free(t);

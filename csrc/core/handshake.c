@@ -1,5 +1,7 @@
 /* The handshake: a dialer sends a hello (magic, wire version, token
- * proof, its id); the acceptor answers with a welcome carrying its verdict.
+ * proof, its id and the secret behind it); the acceptor answers with a welcome carrying its verdict.
+ * The hello proves the dialer's id by the secret the id is a digest of
+ * (token.c), so no token holder can take another context's id.
  * The acceptor's half runs in the progress engine on non-blocking sockets,
  * so a stranger that sends garbage, or nothing, never stalls the listener:
  * bad bytes close the connection at once, silence after a deadline.
@@ -31,6 +33,7 @@ void hello_fill(const slime_ctx_t *ctx, const wire_addr_t *peer, int transport, 
     h->ctx_id = ctx->id;
     h->pid = ctx->addr.pid;
     h->job = ctx->job;
+    memcpy(h->id_secret, ctx->id_secret, sizeof h->id_secret);
 }
 
 slime_status_t welcome_check(const slime_ctx_t *ctx, const wire_welcome_t *w) {
@@ -79,6 +82,11 @@ slime_ep_t *hello_accept(slime_ctx_t *ctx, const wire_hello_t *h, int transport,
     if (ctx->force && h->transport != ctx->force)
         return refuse(w, WELCOME_REFUSED, "transport not allowed: this context is forced to another one");
     if (h->ctx_id == ctx->id) return refuse(w, WELCOME_REFUSED, "a context cannot connect to itself");
+    if (context_id(h->id_secret) != h->ctx_id) {
+        char why[96];
+        snprintf(why, sizeof why, "context id %016" PRIx64 " is not the dialer's (no proof of it)", h->ctx_id);
+        return refuse(w, WELCOME_REFUSED, why);
+    }
     if (h->transport != transport) return refuse_transport(ctx, w, h->transport);
     slime_ep_t *ep = ep_find(ctx, h->ctx_id);
     if (!ep) {

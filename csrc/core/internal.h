@@ -172,6 +172,7 @@ typedef struct txn {
     size_t sent;                /* bytes of header + payload sent */
     slime_req_t *req;           /* completed when fully sent, if set */
     uint64_t release_handle;    /* our region to unpin when sent (+1), or 0 (mr_own_release) */
+    bool held;                  /* a reply to the peer's request: an item of its budget */
     char text[];                /* small owned payload (error texts) */
 } txn_t;
 
@@ -261,6 +262,17 @@ struct slime_ep {
     uint64_t told_ns;           /* when we last said we are there, unasked */
     bool pinged;                /* a ping is out since quiet_since */
     bool ping_queued;           /* ...and still waits in txq */
+    size_t held;                /* items this peer makes us hold (budget.c) */
+    /* Its life.  holds: the application's (slime_ep_hold/release; each
+     * connect and accept hands one out), under ctx->lock.  refs: pointers
+     * to it, one the context's (ctx->eps) and one for each request and
+     * unexpected message naming it and each connect waiting on it; taken
+     * under ctx->lock, dropped anywhere (a request may outlive its
+     * context).  Down, with no holds and only the context's ref, and not
+     * dialing nor queued for accept, it is freed by the next progress
+     * pass (ep_reap); after the context is gone, by its last ref. */
+    unsigned holds;
+    _Atomic unsigned refs;
 };
 
 slime_ep_t *ep_find(slime_ctx_t *ctx, uint64_t peer_id);
@@ -272,6 +284,20 @@ void ep_attach(slime_ep_t *ep, const struct transport_ops *tp, void *conn,
 void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void ep_free(slime_ep_t *ep);
+static inline void ep_ref(slime_ep_t *ep) { atomic_fetch_add_explicit(&ep->refs, 1, memory_order_relaxed); }
+void ep_unref(slime_ep_t *ep);
+/* The context is going: drops its ref, so the last request naming ep
+ * frees it. */
+void ep_orphan(slime_ep_t *ep);
+/* Under ctx->lock, from the progress pass only (no caller up the stack
+ * holds ep): frees ep if nothing can reach it any more; whether it did. */
+bool ep_reap(slime_ep_t *ep);
+/* budget.c: counts an item the peer makes us hold (what: which kind,
+ * for the error); false when that puts it over its budget, and then ep
+ * is down.  ep_unhold when the item goes. */
+void budget_init(slime_ctx_t *ctx);
+bool ep_hold(slime_ep_t *ep, const char *what);
+void ep_unhold(slime_ep_t *ep);
 /* Whether ep's transport has every capability in caps (TP_CAP_*). */
 bool ep_has_cap(const slime_ep_t *ep, unsigned caps);
 
@@ -354,7 +380,8 @@ typedef struct tp_slot {
 
 struct slime_ctx {
     pthread_mutex_t lock;
-    uint64_t id;
+    uint64_t id;                /* context_id(id_secret) (token.c) */
+    uint8_t id_secret[SLIME_ID_SECRET];
     uint64_t proof, job;        /* from the token (token.c) */
     bool own_token;             /* none was given: a random one, in the address */
     int force;                  /* 0 auto, else the forced transport's wire id */
@@ -376,6 +403,7 @@ struct slime_ctx {
     slime_list_t posted;        /* slime_req_t via qlink */
     slime_list_t unexpected;    /* umsg_t */
     size_t unexp_bytes, unexp_cap;
+    size_t peer_items_max;      /* DLSLIME_PEER_ITEMS_MAX (budget.c) */
     /* wire ids of requests */
     slime_req_t **ids;
     uint32_t *id_gen;
@@ -463,6 +491,12 @@ uint64_t token_digest(const char *domain, const void *tok, size_t len);
  * (ctx->own_token). */
 void token_init(slime_ctx_t *ctx, const void *tok, size_t len);
 uint64_t random_u64(void);
+/* A context's id: the digest of its secret (what a hello proves it by). */
+uint64_t context_id(const uint8_t secret[SLIME_ID_SECRET]);
+/* A fresh secret, and ctx->id from it. */
+void context_id_init(slime_ctx_t *ctx);
+/* sha256.c */
+void sha256(const void *data, size_t len, uint8_t out[32]);
 
 /* transports.c: the provider table's transports in a context */
 /* The transport named name ("auto": *force 0), as ctx->force. */

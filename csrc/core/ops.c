@@ -214,6 +214,7 @@ slime_status_t slime_imm_recv(slime_ep_t *ep, slime_req_t **out) {
         req->imm = ep->imms[ep->imm_head];
         ep->imm_head = (ep->imm_head + 1) % ep->imm_cap;
         ep->imm_count--;
+        ep_unhold(ep);
         req_complete(req, SLIME_OK, NULL);
     } else {
         list_push_back(&ep->imm_waiters, &req->qlink);

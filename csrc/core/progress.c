@@ -51,7 +51,10 @@ int progress_locked(slime_ctx_t *ctx) {
     slime_list_t *pos, *tmp;
     list_for_each_safe(pos, tmp, &ctx->eps) {
         slime_ep_t *ep = container_of(pos, slime_ep_t, link);
-        if (ep->state != EP_UP) continue;
+        if (ep->state != EP_UP) {
+            ep_reap(ep);
+            continue;
+        }
         if (ep->rx.paused || ep->tp->rx_ready(ep)) did |= frames_rx(ep);
         /* no fd event says the peer freed room: look on every pass */
         bool polled = ep->tp->caps & TP_CAP_POLLED;

@@ -23,6 +23,8 @@
 void umsg_free(slime_ctx_t *ctx, umsg_t *m) {
     list_del(&m->link);
     if (!m->rts) ctx->unexp_bytes -= m->len;
+    ep_unhold(m->ep);
+    ep_unref(m->ep);
     free(m->data);
     free(m);
 }
@@ -33,6 +35,7 @@ static slime_req_t *match_posted(slime_ctx_t *ctx, slime_ep_t *ep, uint64_t tag)
         slime_req_t *r = container_of(pos, slime_req_t, qlink);
         if (r->tag == tag && (r->ep == NULL || r->ep == ep)) {
             list_del(&r->qlink);
+            if (!r->ep) ep_ref(ep);
             r->ep = ep;
             if (!list_linked(&r->eplink)) list_push_back(&ep->pending, &r->eplink);
             return r;
@@ -46,10 +49,27 @@ static void send_frame(slime_ep_t *ep, txn_t *t) {
     frames_flush(ep);
 }
 
+/* A reply to the peer's request: an item held for it until it is sent
+ * (budget.c), so a peer that never reads its replies cannot queue them
+ * without bound; false when that put the peer over its budget. */
+static bool reply_new(slime_ep_t *ep, uint8_t type, size_t textlen, txn_t **out) {
+    *out = NULL;
+    if (!ep_hold(ep, "replies it has not read")) return false;
+    txn_t *t = txn_new(type, textlen);
+    if (!t) {
+        ep_unhold(ep);
+        ep_fail(ep, SLIME_ERR_NOMEM, "out of memory for a reply frame");
+        return false;
+    }
+    t->held = true;
+    *out = t;
+    return true;
+}
+
 static void send_status(slime_ep_t *ep, uint8_t type, uint64_t ireq, slime_status_t st, const char *text) {
     size_t tl = st == SLIME_OK ? 0 : strnlen(text, WIRE_ERRTEXT_MAX - 1);
-    txn_t *t = txn_new(type, tl + 1);
-    if (!t) { ep_fail(ep, SLIME_ERR_NOMEM, "out of memory for a reply frame"); return; }
+    txn_t *t;
+    if (!reply_new(ep, type, tl + 1, &t)) return;
     t->hdr.a = ireq;
     t->hdr.u32 = (uint32_t)(int32_t)st;
     memcpy(t->text, text ? text : "", tl);
@@ -106,6 +126,7 @@ bool proto_match_unexpected(slime_ctx_t *ctx, slime_req_t *req) {
     list_for_each_safe(pos, tmp, &ctx->unexpected) {
         umsg_t *m = container_of(pos, umsg_t, link);
         if (m->tag != req->tag || (req->ep && m->ep != req->ep)) continue;
+        if (!req->ep) ep_ref(m->ep);
         req->ep = m->ep;
         if (m->rts) {
             slime_ep_t *ep = m->ep;
@@ -148,10 +169,15 @@ void proto_deliver_imm(slime_ep_t *ep, uint32_t imm) {
         req_complete(w, SLIME_OK, NULL);
         return;
     }
+    if (!ep_hold(ep, "immediates nobody took")) return;
     if (ep->imm_count == ep->imm_cap) {
         size_t cap = ep->imm_cap ? ep->imm_cap * 2 : 64;
         uint32_t *n = malloc(cap * sizeof *n);
-        if (!n) { ep_fail(ep, SLIME_ERR_NOMEM, "out of memory queueing immediates"); return; }
+        if (!n) {
+            ep_unhold(ep);
+            ep_fail(ep, SLIME_ERR_NOMEM, "out of memory queueing immediates");
+            return;
+        }
         for (size_t i = 0; i < ep->imm_count; i++) n[i] = ep->imms[(ep->imm_head + i) % ep->imm_cap];
         free(ep->imms);
         ep->imms = n;
@@ -203,7 +229,13 @@ static bool on_eager(slime_ep_t *ep, const frame_t *h) {
         rx->paused = true; /* try again when memory frees up */
         return true;
     }
+    if (!ep_hold(ep, "messages nobody received")) {
+        free(m);
+        free(data);
+        return true;
+    }
     m->ep = ep;
+    ep_ref(ep);
     m->tag = h->a;
     m->len = h->len;
     m->data = data;
@@ -226,7 +258,12 @@ static bool on_rts(slime_ep_t *ep, const frame_t *h) {
     }
     umsg_t *u = calloc(1, sizeof *u);
     if (!u) { ep->rx.paused = true; return true; }
+    if (!ep_hold(ep, "rendezvous announcements nobody received")) {
+        free(u);
+        return true;
+    }
     u->ep = ep;
+    ep_ref(ep);
     u->tag = h->a;
     u->len = h->c;
     u->rts = true;
@@ -334,10 +371,9 @@ static bool on_read_req(slime_ep_t *ep, const frame_t *h) {
         send_status(ep, F_READ_RESP, h->c, st, text);
         return true;
     }
-    txn_t *t = txn_new(F_READ_RESP, 0);
-    if (!t) {
+    txn_t *t;
+    if (!reply_new(ep, F_READ_RESP, 0, &t)) {
         mr_own_release(ctx, h->a);
-        ep_fail(ep, SLIME_ERR_NOMEM, "out of memory");
         return true;
     }
     t->hdr.a = h->c;

@@ -13,6 +13,7 @@ slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep) {
     r->ctx = ctx;
     r->kind = kind;
     r->ep = ep;
+    if (ep) ep_ref(ep);
     atomic_init(&r->state, SLIME_INPROGRESS);
     list_init(&r->qlink);
     list_init(&r->eplink);
@@ -21,6 +22,7 @@ slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep) {
 }
 
 static void req_destroy(slime_req_t *r) {
+    if (r->ep) ep_unref(r->ep);
     free(r->error);
     free(r);
 }

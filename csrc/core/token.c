@@ -9,7 +9,12 @@
  * empty one (which any local process could present): its address blob
  * carries the digests, so whoever was given the blob may connect, and
  * nobody else.  A job's shared token (torch's, published in its store)
- * never goes into a blob. */
+ * never goes into a blob.
+ *
+ * A context's id is a digest of a secret of its own (context_id): the
+ * hello carries the secret, and an acceptor takes the id only with the
+ * secret it is the digest of, so the id in an address blob, which is
+ * public, is not enough to pass for that context. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +60,27 @@ void token_init(slime_ctx_t *ctx, const void *tok, size_t len) {
     }
     ctx->proof = token_digest("dlslime-hello-1", tok, len);
     ctx->job = token_digest("dlslime-job-1", tok, len);
+}
+
+uint64_t context_id(const uint8_t secret[SLIME_ID_SECRET]) {
+    static const char domain[] = "dlslime-id-1";
+    uint8_t msg[sizeof domain + SLIME_ID_SECRET], d[32];
+    memcpy(msg, domain, sizeof domain);
+    memcpy(msg + sizeof domain, secret, SLIME_ID_SECRET);
+    sha256(msg, sizeof msg, d);
+    uint64_t id;
+    memcpy(&id, d, sizeof id);
+    return id;
+}
+
+void context_id_init(slime_ctx_t *ctx) {
+    do {
+        for (size_t i = 0; i < SLIME_ID_SECRET; i += 8) {
+            uint64_t r = random_u64();
+            memcpy(ctx->id_secret + i, &r, 8);
+        }
+        ctx->id = context_id(ctx->id_secret);
+    } while (ctx->id == 0);
 }
 
 uint64_t random_u64(void) {

@@ -14,6 +14,8 @@
 #define WIRE_WELCOME_MAGIC 0x434c4557u
 #define WIRE_DESC_MAGIC 0x524d4c53u  /* "SLMR" */
 #define WIRE_MAX_HOSTS 8
+/* Bytes of the secret a context's id is the digest of (token.c). */
+#define SLIME_ID_SECRET 16
 
 /* Where a peer can be reached and what decides "same host".  The core
  * fills the identity; each transport open in the context sets its bit
@@ -50,6 +52,7 @@ typedef struct wire_hello {
     uint32_t pid;
     uint32_t pad2;
     uint64_t job;      /* the dialer's job id: what its descriptors carry */
+    uint8_t id_secret[SLIME_ID_SECRET]; /* ctx_id is its digest: the dialer's proof of its id */
 } wire_hello_t;
 
 enum { WELCOME_OK = 0, WELCOME_REFUSED = 1, WELCOME_DUPLICATE = 2 };

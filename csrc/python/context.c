@@ -100,25 +100,30 @@ static void context_destroy(SlimeContextObject *self)
     release_graveyard(self);
 }
 
-PyObject *slime_py_context_endpoint(SlimeContextObject *self, slime_ep_t *ep)
+PyObject *slime_py_context_endpoint(SlimeContextObject *self, slime_ep_t *ep, int held)
 {
     if (self->state != SLIME_PY_OPEN)
-        return slime_py_raise_closed();
+        return slime_py_raise_closed(); /* its holds go with the context */
     PyObject *key = PyLong_FromVoidPtr(ep);
-    if (!key)
-        return NULL;
-    PyObject *ref = PyDict_GetItemWithError(self->endpoints, key);
+    PyObject *ref = key ? PyDict_GetItemWithError(self->endpoints, key) : NULL;
     if (ref) {
         PyObject *alive = PyObject_CallNoArgs(ref);
         if (!alive || alive != Py_None) {
             Py_DECREF(key);
+            if (held) /* the object has its own */
+                slime_ep_release(ep);
             return alive;
         }
         Py_DECREF(alive);
-    } else if (PyErr_Occurred()) {
-        Py_DECREF(key);
+    } else if (!key || PyErr_Occurred()) {
+        Py_XDECREF(key);
+        if (held)
+            slime_ep_release(ep);
         return NULL;
     }
+    if (!held)
+        slime_ep_hold(ep);
+    /* the object owns that hold: its dealloc gives it back */
     PyObject *obj = slime_py_endpoint_new(self, ep);
     if (!obj)
         goto fail;
@@ -301,7 +306,7 @@ static PyObject *context_connect(SlimeContextObject *self, PyObject *args,
     PyBuffer_Release(&addr);
     if (st != SLIME_OK)
         return slime_py_raise_last(st);
-    return slime_py_context_endpoint(self, ep);
+    return slime_py_context_endpoint(self, ep, 1);
 }
 
 static PyObject *context_accept(SlimeContextObject *self, PyObject *args,
@@ -323,7 +328,7 @@ static PyObject *context_accept(SlimeContextObject *self, PyObject *args,
     slime_py_context_end_call(self, 1);
     if (st != SLIME_OK)
         return slime_py_raise_last(st);
-    return slime_py_context_endpoint(self, ep);
+    return slime_py_context_endpoint(self, ep, 1);
 }
 
 static PyObject *context_reg_mr(SlimeContextObject *self, PyObject *args,

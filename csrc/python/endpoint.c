@@ -70,6 +70,10 @@ static void endpoint_dealloc(SlimeEndpointObject *self)
         PyObject_ClearWeakRefs((PyObject *)self);
     if (self->context) {
         forget_in_context(self);
+        /* the hold this object owned; with the context closed, the
+         * endpoint went with it */
+        if (self->context->ctx && self->ep && !self->lent)
+            slime_ep_release(self->ep);
         Py_DECREF(self->context);
     }
     Py_XDECREF(self->transport);
@@ -253,6 +257,9 @@ static PyObject *endpoint_get_handle(SlimeEndpointObject *self,
 {
     if (!self->context->ctx)
         return slime_py_raise_closed();
+    /* C code keeps the pointer as long as it likes (the torch backend
+     * does): the object's hold is never given back */
+    self->lent = 1;
     return PyLong_FromVoidPtr(self->ep);
 }
 

@@ -298,7 +298,7 @@ static PyObject *request_get_ep(SlimeRequestObject *self, void *Py_UNUSED(closur
     slime_ep_t *ep = slime_req_ep(self->req);
     if (!ep)
         Py_RETURN_NONE;
-    return slime_py_context_endpoint(self->context, ep);
+    return slime_py_context_endpoint(self->context, ep, 0);
 }
 
 static PyObject *request_repr(SlimeRequestObject *self)

@@ -55,6 +55,7 @@ typedef struct {
     uint64_t peer_id;          /* cached: constant for the endpoint's life */
     PyObject *transport;       /* cached str */
     PyObject *weakrefs;
+    int lent;                  /* .handle lent ep to C code: a hold never given back */
 } SlimeEndpointObject;
 
 typedef struct {
@@ -114,8 +115,10 @@ int slime_py_context_enter_child(SlimeContextObject *self);
 /* Waits (GIL released) while the context is CLOSING. */
 void slime_py_context_settle(SlimeContextObject *self);
 void slime_py_context_leave_child(SlimeContextObject *self, int counted);
-/* The Endpoint object of ep (new reference), created if needed. */
-PyObject *slime_py_context_endpoint(SlimeContextObject *self, slime_ep_t *ep);
+/* The Endpoint object of ep (new reference), created if needed: one per
+ * C endpoint, owning one hold on it (slime_ep_hold).  held: the caller
+ * passes one in (connect, accept), else the object takes its own. */
+PyObject *slime_py_context_endpoint(SlimeContextObject *self, slime_ep_t *ep, int held);
 /* Takes a detached request's hold until the context is destroyed. */
 void slime_py_context_bury(SlimeContextObject *self, slime_py_hold_t *hold);
 

@@ -131,28 +131,29 @@ static bool peer_pin_has(const verbs_conn_t *c, uint32_t slot) {
     return (c->peer_pins[slot / 64] >> (slot % 64)) & 1;
 }
 
-/* Owner side: what is this region?  A yes pins it for the peer. */
+/* Owner side: what is this region?  Answered from our own record of it
+ * (ctx->mr_slots), never the shared table peers can write; a yes pins it
+ * for the peer. */
 static bool on_query(slime_ep_t *ep, const vctrl_t *q) {
     verbs_conn_t *c = ep->conn;
     slime_ctx_t *ctx = ep->ctx;
     vctrl_t a = {.type = VC_ANSWER, .handle = q->handle, .rkey = q->rkey};
     uint64_t addr;
-    slime_status_t st =
-        mr_table_acquire(ctx->mr_table, q->handle, q->rkey, 0, 0, 0, &addr, a.text, sizeof a.text);
+    slime_status_t st = mr_own_acquire(ctx, q->handle, q->rkey, 0, 0, 0, &addr, a.text, sizeof a.text);
     a.status = st;
     uint32_t slot = (uint32_t)(q->handle >> 32);
     if (st == SLIME_OK && !(c->dev->slot_vkey[slot] & VKEY_VALID)) {
-        mr_table_release(ctx->mr_table, q->handle);
+        mr_own_release(ctx, q->handle);
         st = a.status = SLIME_ERR_ACCESS;
         snprintf(a.text, sizeof a.text, "region is not registered with the RDMA device (it could not be pinned)");
     }
     if (st == SLIME_OK) {
-        const mr_entry_t *e = &ctx->mr_table->slots[slot];
-        a.addr = e->addr;
-        a.len = e->len;
-        a.access = e->access;
+        const slime_mr_t *mr = ctx->mr_slots[slot];
+        a.addr = addr;
+        a.len = mr->len;
+        a.access = mr->access;
         a.vrkey = (uint32_t)c->dev->slot_vkey[slot];
-        if (peer_pin_has(c, slot)) mr_table_release(ctx->mr_table, q->handle); /* one pin per peer */
+        if (peer_pin_has(c, slot)) mr_own_release(ctx, q->handle); /* one pin per peer */
         else peer_pin_set(c, slot);
     }
     return send_ctrl(ep, &a);
@@ -209,7 +210,7 @@ static bool on_revoked(slime_ep_t *ep, const vctrl_t *r) {
     uint32_t slot = (uint32_t)(r->handle >> 32);
     if (slot < MR_TABLE_SLOTS && peer_pin_has(c, slot)) {
         peer_pin_clear(c, slot);
-        mr_table_release(ep->ctx->mr_table, r->handle);
+        mr_own_release(ep->ctx, r->handle);
     }
     return true;
 }
@@ -249,7 +250,7 @@ void rkeys_conn_close(verbs_conn_t *c) {
         for (uint32_t b = 0; c->peer_pins[w] && b < 64; b++)
             if ((c->peer_pins[w] >> b) & 1) {
                 c->peer_pins[w] &= ~(1ull << b);
-                mr_table_release(c->ctx->mr_table, (uint64_t)(w * 64 + b) << 32);
+                mr_own_release(c->ctx, (uint64_t)(w * 64 + b) << 32);
             }
     while (!list_empty(&c->rmrs)) rmr_free(container_of(c->rmrs.next, rmr_t, link));
 }

@@ -7,6 +7,7 @@ core/token.c): the attacks here are those of a peer inside the job.
 """
 
 import fcntl
+import hashlib
 import os
 import socket
 import struct
@@ -20,7 +21,8 @@ WELCOME_MAGIC = 0x434C4557
 SEG_MAGIC = 0x534C494D45534547
 MR_TABLE_MAGIC = 0x4D525441424C4531
 TRANSPORT_TCP, TRANSPORT_SHM = 1, 2
-WELCOME_OK, WELCOME_REFUSED = 0, 1
+WELCOME_OK, WELCOME_REFUSED, WELCOME_DUPLICATE = 0, 1, 2
+ID_SECRET = 16                            # wire.h: SLIME_ID_SECRET
 
 SEG_HDR = 4096
 RING0_TAIL, RING0_HEAD = 64, 128          # seg_hdr_t.ring[0]: dialer -> acceptor
@@ -50,12 +52,26 @@ def token_digest(domain, token):
     return _mix(h ^ len(token))
 
 
+def context_id(secret):
+    """core/token.c: context_id, the id a secret proves."""
+    return int.from_bytes(hashlib.sha256(b"dlslime-id-1\0" + secret).digest()[:8], "little")
+
+
+# the secrets behind the ids rogue_id made: a rogue claims those as its own
+_SECRETS = {}
+
+
 def hello(address, transport, ctx_id, token=TOKEN):
     """A hello to the context at address (in its wire version) from a
-    context ctx_id that holds token."""
+    context ctx_id that holds token: with the secret behind ctx_id where
+    rogue_id made it, else (a squatter's claim) a secret that is not."""
+    version = address_version(address)
     proof = token_digest("dlslime-hello-1", token)
     job = token_digest("dlslime-job-1", token)
-    return _HELLO.pack(HELLO_MAGIC, address_version(address), transport, 0, proof, ctx_id, os.getpid(), 0, job)
+    head = _HELLO.pack(HELLO_MAGIC, version, transport, 0, proof, ctx_id, os.getpid(), 0, job)
+    if version < 3:  # before ids were bound to a secret
+        return head
+    return head + _SECRETS.get(ctx_id, os.urandom(ID_SECRET))
 
 
 def parse_welcome(data):
@@ -75,7 +91,11 @@ def address_ctx_id(address):
 
 
 def rogue_id():
-    return int.from_bytes(os.urandom(8), "little") | 1
+    """A fresh id of the rogue's own, with the secret that proves it."""
+    secret = os.urandom(ID_SECRET)
+    ctx_id = context_id(secret)
+    _SECRETS[ctx_id] = secret
+    return ctx_id
 
 
 def memfd(name, size, sealed):
@@ -164,6 +184,29 @@ def silent_connections(address, transport, n):
             s.connect(("127.0.0.1", address_tcp_port(address)))
         socks.append(s)
     return socks
+
+
+F_EAGER, F_RTS, F_IMM = 1, 2, 9
+
+
+def frame(ftype, a=0, b=0, c=0, d=0, u32=0, length=0):
+    """A frame header (wire.h: frame_t)."""
+    return _FRAME.pack(ftype, 0, 0, u32, 0, 0, a, b, c, d, length)
+
+
+def tcp_session(address, ctx_id, timeout=CONNECT_TIMEOUT_MS / 1000):
+    """A connection the target welcomed as peer ctx_id, its frames ours
+    to send."""
+    sock = socket.create_connection(("127.0.0.1", address_tcp_port(address)), timeout=timeout)
+    sock.sendall(hello(address, TRANSPORT_TCP, ctx_id))
+    data = b""
+    while len(data) < _WELCOME.size:
+        chunk = sock.recv(_WELCOME.size - len(data))
+        assert chunk, "the target hung up on the hello"
+        data += chunk
+    verdict, reason = parse_welcome(data)
+    assert verdict == WELCOME_OK, reason
+    return sock
 
 
 def tcp_dial(address, ctx_id, token=TOKEN, timeout=CONNECT_TIMEOUT_MS / 1000):

@@ -5,6 +5,7 @@ there fails the test with its exit status instead of killing pytest.
 
 import os
 import resource
+import time
 
 import numpy as np
 
@@ -37,7 +38,8 @@ def limit_fds(headroom):
 def target(link, transport, fd_headroom=None, token=TOKEN):
     """A context with the suite's token; on ("serve", id) it accepts
     peers until the one with context id, and echoes one message to it
-    (a rogue it welcomed may come first); "rss" answers its resident set in KiB;
+    (a rogue it welcomed may come first); "rss" answers its resident set in KiB; ("why", id) why the endpoint of
+    peer id went down (why_down);
     ("fds", n) lets it open n more fds (fd_headroom at the start).  With
     token None, the context is made without one."""
     ctx = _C.Context(transport=transport, token=token)
@@ -54,6 +56,9 @@ def target(link, transport, fd_headroom=None, token=TOKEN):
         if isinstance(cmd, tuple) and cmd[0] == "fds":
             limit_fds(cmd[1])
             continue
+        if isinstance(cmd, tuple) and cmd[0] == "why":
+            link.put(why_down(ctx, cmd[1]))
+            continue
         ep = ctx.accept(timeout_ms=CONNECT_TIMEOUT_MS)
         while ep.peer_id != cmd[1]:
             ep = ctx.accept(timeout_ms=CONNECT_TIMEOUT_MS)
@@ -63,15 +68,33 @@ def target(link, transport, fd_headroom=None, token=TOKEN):
         link.put("served")
 
 
-def assert_serves(peer, address, transport, token=TOKEN):
+def why_down(ctx, peer_id):
+    """Accepts peers until the one with context id peer_id, waits for its
+    endpoint to go down, and says why (the error a send to it raises);
+    None if it stays up."""
+    ep = ctx.accept(timeout_ms=CONNECT_TIMEOUT_MS)
+    while ep.peer_id != peer_id:
+        ep = ctx.accept(timeout_ms=CONNECT_TIMEOUT_MS)
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while ep.status == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        ep.send(np.zeros(1, dtype=np.uint8), tag=3).wait(timeout_ms=WAIT_MS)
+    except _C.SlimeError as e:
+        return str(e)
+    return None
+
+
+def assert_serves(peer, address, transport, token=TOKEN, ctx=None, timeout_ms=CONNECT_TIMEOUT_MS):
     """A genuine peer (with token; None: without one, given the target's
-    address) connects to the target and gets its echo back."""
+    address) connects to the target and gets its echo back.  The peer is
+    ctx where given (closed here), else a new context."""
     peer.proc.join(0.5)  # a crash the attack caused shows by now
     assert peer.proc.is_alive(), f"the target died (exit code {peer.proc.exitcode})"
-    ctx = _C.Context(transport=transport, token=token)
+    ctx = ctx or _C.Context(transport=transport, token=token)
     peer.put(("serve", ctx.id))
     try:
-        ep = ctx.connect(address, timeout_ms=CONNECT_TIMEOUT_MS)
+        ep = ctx.connect(address, timeout_ms=timeout_ms)
         data = pattern(ECHO_BYTES, 7)
         back = np.zeros(ECHO_BYTES, dtype=np.uint8)
         r = ep.recv(back, tag=2)

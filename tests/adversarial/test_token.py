@@ -13,6 +13,7 @@ import pytest
 
 import rogue
 from c_peer import Peer
+from dlslime_torch import _C
 from target import assert_serves, target
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,6 +43,14 @@ def test_no_token_is_not_the_empty_token(transport):
         assert_serves(peer, address, transport, token=None)
         peer.put("bye")
         peer.finish()
+
+
+@pytest.mark.parametrize("token", [b"", ""])
+def test_an_empty_token_is_refused(token):
+    """Given explicitly, the empty token would let in any local process
+    that finds the listener: creating the context fails instead."""
+    with pytest.raises(_C.SlimeInvalidError, match="empty token"):
+        _C.Context(transport="tcp", token=token)
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

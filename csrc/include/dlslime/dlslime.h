@@ -112,7 +112,8 @@ typedef struct slime_ctx_opts {
     /* Per-job secret.  Peers must present the same bytes at the
      * handshake.  NULL: $DLSLIME_TOKEN, else a random token of this
      * context's own, which its address blob carries: whoever holds the
-     * blob may connect (the blob is the capability). */
+     * blob may connect (the blob is the capability).  An empty token
+     * (token_len 0) is refused: SLIME_ERR_INVAL. */
     const void *token;
     size_t token_len;
 } slime_ctx_opts_t;
@@ -187,7 +188,7 @@ SLIME_API slime_status_t slime_ep_accept(slime_ctx_t *ctx, int64_t timeout_ms,
 SLIME_API const char *slime_ep_transport(const slime_ep_t *ep);
 /* One line on how the endpoint is connected (for logs): the transport
  * and, for verbs, the device, port, GID and MTU on both sides.  Never
- * NULL; valid until the context is destroyed. */
+ * NULL; valid as long as the endpoint (see slime_ep_release). */
 SLIME_API const char *slime_ep_describe(const slime_ep_t *ep);
 /* The peer context's id. */
 SLIME_API uint64_t slime_ep_peer_id(const slime_ep_t *ep);
@@ -197,8 +198,22 @@ SLIME_API slime_status_t slime_ep_status(const slime_ep_t *ep);
 
 /* Closes the connection: pending requests on it fail with
  * SLIME_ERR_CLOSED.  The pointer stays valid until the context is
- * destroyed; a later slime_ep_connect to the same peer dials anew. */
+ * destroyed (or released: slime_ep_release); a later slime_ep_connect to
+ * the same peer dials anew. */
 SLIME_API void slime_ep_close(slime_ep_t *ep);
+
+/* Holds on an endpoint.  Every endpoint slime_ep_connect or
+ * slime_ep_accept returns comes with one hold for the caller, and
+ * slime_ep_hold takes another (for instance on the endpoint of a
+ * request, slime_req_ep, which is otherwise valid only as long as that
+ * request).  slime_ep_release gives one back: the caller will not use
+ * that pointer again.  An endpoint whose holds are all given back is
+ * freed once its connection is down (closed by either side) and no
+ * request or queued message of the context refers to it, so a context
+ * that many peers come to and leave does not grow.  An endpoint that is
+ * never released lives until the context is destroyed. */
+SLIME_API void slime_ep_hold(slime_ep_t *ep);
+SLIME_API void slime_ep_release(slime_ep_t *ep);
 
 /* ------------------------------------------------------------------ */
 /* Memory regions                                                      */
