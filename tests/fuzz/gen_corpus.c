@@ -80,7 +80,7 @@ static void frames_seeds(const ids_t *id) {
         "eager_matched", "eager_unexpected", "eager_combined", "eager_truncated", "rts_data",
         "rts_rdma_unexpected", "cts", "cts_truncated", "rndv_done", "write_imm", "write_bad_key",
         "read_req", "read_req_outside", "write_ack", "write_ack_error", "read_resp", "read_resp_error",
-        "imm", "unknown_type", "eager_over_cap",
+        "imm", "ping", "pong", "ping_not_empty", "unknown_type", "eager_over_cap",
     };
     static buf_t s[sizeof name / sizeof name[0]];
     int i = 0;
@@ -105,6 +105,9 @@ static void frames_seeds(const ids_t *id) {
     frame(&s[i++], F_READ_RESP, 0, (uint32_t)SLIME_ERR_ACCESS, 0, id->read, 0, 0, 0, err, sizeof err - 1);
     frame(&s[i], F_IMM, 0, 7, 0, 0, 0, 0, 0, NULL, 0);
     frame(&s[i++], F_IMM, 0, 8, 0, 0, 0, 0, 0, NULL, 0);
+    frame(&s[i++], F_PING, 0, 0, 0, 0, 0, 0, 0, NULL, 0);
+    frame(&s[i++], F_PONG, 0, 0, 0, 0, 0, 0, 0, NULL, 0);
+    frame(&s[i++], F_PING, 0, 0, 0, 5, 0, 0, 0, NULL, 0); /* pings carry nothing: a protocol error */
     frame(&s[i++], 42, 0, 0, 0, 0, 0, 0, 0, NULL, 0);
     frame(&s[i++], F_EAGER, 0, 0, 0, 9, 0, 0, 0, NULL, 1ull << 40);
     buf_t all = {0};

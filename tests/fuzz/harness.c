@@ -84,6 +84,7 @@ slime_ep_t *fz_ep_new(slime_ctx_t *ctx, fz_stream_t *s) {
     slime_ep_t *ep = ep_new(ctx, FZ_PEER_ID);
     if (!ep) die("ep_new");
     ep->peer_job = ctx->job;
+    ep->holds++; /* the target's, as an application's connect hands out: a failed one is not reaped under it */
     ep_attach(ep, &fz_wire, s, -1, 1);
     /* small sends go whole (RPC headers), fz_ops_t's send by rendezvous */
     ep->eager = 1024;
@@ -103,9 +104,9 @@ static bool any_tag(uint64_t tag, void *arg) { (void)tag, (void)arg; return true
 void fz_ep_drop_locked(slime_ep_t *ep) {
     ep_fail(ep, SLIME_ERR_CLOSED, "fuzz input done");
     proto_drop_unexpected(ep->ctx, any_tag, NULL); /* eager ones still name ep */
-    list_del(&ep->link);
     list_del(&ep->acceptq);
-    ep_free(ep);
+    /* the context lets go; requests still naming it free it with theirs */
+    ep_orphan(ep);
 }
 
 void fz_ep_drop(slime_ep_t *ep) {
