@@ -9,6 +9,7 @@ from .errors import ReplyTooLargeError, RpcError, RpcTimeoutError, decode_remote
 from .service import KIND_DEFAULT, spec_of
 
 DEFAULT_TIMEOUT = 30.0
+AWAIT_SPIN_S = 0.0005   # how long `await future` polls before it waits in a thread
 
 
 def _ms(timeout):
@@ -89,8 +90,17 @@ class Future:
         return self._done or self._req.test()
 
     def __await__(self):
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(None, self.wait).__await__()
+        return self._wait_async().__await__()
+
+    async def _wait_async(self):
+        # a short call completes while the loop polls it, with no hand-off
+        # to a thread; a longer one is waited for in the loop's executor
+        spin_until = time.perf_counter() + AWAIT_SPIN_S
+        while not self._done and not self._req.test():
+            if time.perf_counter() > spin_until:
+                return await asyncio.get_running_loop().run_in_executor(None, self.wait)
+            await asyncio.sleep(0)
+        return self.wait()
 
 
 def wait_all(futures, timeout=None):
