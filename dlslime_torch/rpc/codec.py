@@ -242,7 +242,8 @@ def warm_up():
     torch = sys.modules.get("torch")
     if torch is None:
         return
-    enc = Encoded(((torch.zeros(16), torch.zeros(0, dtype=torch.uint8)), {}))
+    enc = Encoded(((torch.zeros(16), torch.zeros(0, dtype=torch.uint8), torch.zeros(TAIL_MIN // 4)), {}))
     buf = bytearray(enc.nbytes)
     enc.write_into(buf)
+    memoryview(enc.tail_buffer() if enc.tail is not None else b"").release()
     decode(buf)
