@@ -5,9 +5,10 @@ what users do, all in one run.
     python bench/rpc_bench.py --quick            # fewer sizes, shorter runs
     python bench/rpc_bench.py --systems slime,torch_rpc --no-netns
 
-Each system serves in processes of its own on this host; the client is
-this process, and it measures one point for every system before moving
-to the next point (so a passing load weighs on all of them alike):
+Each system serves in processes of its own on this host and calls from
+a client process of its own (no system's threads take the GIL from
+another's calls); the run measures one point for every system before
+moving to the next (so a passing load weighs on all of them alike):
 
   raw      echo of a bytes payload (slime: @method(raw=True))
   tensor   a method taking and returning a float32 tensor (slime: @method)
@@ -224,24 +225,23 @@ class SlimeClient(Client):
         super().close()
 
 
-class _RayActor:
-    def raw(self, data):
-        return data
-
-    def tensor(self, t):
-        return t
-
-    def obj(self, d):
-        return d
-
-
 class RayClient(Client):
     def __init__(self, host, netns=None):
         import ray
         self.ray = ray
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
                  _temp_dir=f"/tmp/ray_bench_{os.getpid()}", object_store_memory=512 * MIB)
-        self.actor = ray.remote(_RayActor).remote()
+        class Actor:   # defined here: Ray ships a local class by value
+            def raw(self, data):
+                return data
+
+            def tensor(self, t):
+                return t
+
+            def obj(self, d):
+                return d
+
+        self.actor = ray.remote(Actor).remote()
         ray.get(self.actor.obj.remote(OBJ))
 
     def call(self, kind, x):
@@ -357,7 +357,8 @@ def iters_for(size, quick):
 def latency_row(name, where, kind, size, client, quick):
     x = payload(kind, size)
     n = iters_for(size, quick)
-    client.latencies(kind, x, max(2, n // 10), 5)           # warm-up
+    client.latencies(kind, x, max(2, n // 10), 5)           # warm-up: at least n/10 calls
+    client.latencies(kind, x, 10 ** 6, 0.5)                 # and half a second
     us = sorted(s * 1e6 for s in client.latencies(kind, x, n, 3 if quick else 10))
     return {"system": name, "where": where, "kind": kind, "bytes": size, "iters": len(us),
             "p50_us": us[len(us) // 2], "avg_us": statistics.fmean(us)}
@@ -404,8 +405,69 @@ def rate_row(name, mode, n, client, quick):
     return {"system": name, "where": "local", "kind": f"{mode}-{n}", "bytes": n, "calls_s": rate}
 
 
+def cold_row(name, client):
+    first, warm = client.cold()
+    return {"system": name, "where": "local", "kind": "cold", "bytes": 4 * MIB, "iters": 1,
+            "p50_us": first * 1e6, "avg_us": warm * 1e6}
+
+
+WORK = {"latency": lambda name, c, where, kind, size, quick: latency_row(name, where, kind, size, c, quick),
+        "rate": lambda name, c, mode, n, quick: rate_row(name, mode, n, c, quick),
+        "cold": lambda name, c: cold_row(name, c)}
+
+
+def _client_process(name, host, netns, conn):
+    """One system's client, in a process of its own (so that no system's
+    threads take the GIL from another's calls): runs the WORK it is sent."""
+    try:
+        client = CLIENTS[name](host, netns)
+    except Exception as exc:
+        conn.send(("err", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ok", None))
+    try:
+        for what, args in iter(conn.recv, None):
+            try:
+                conn.send(("ok", WORK[what](name, client, *args)))
+            except Exception as exc:
+                conn.send(("err", f"{type(exc).__name__}: {exc}"))
+    finally:
+        client.close()
+
+
+class Remote:
+    """The calling side of a _client_process."""
+
+    def __init__(self, name, host, netns):
+        import multiprocessing as mp
+        self.conn, child = mp.get_context("spawn").Pipe()
+        self.proc = mp.get_context("spawn").Process(target=_client_process, args=(name, host, netns, child))
+        self.proc.start()
+        self._answer(600)
+
+    def _answer(self, timeout_s):
+        if not self.conn.poll(timeout_s):
+            raise RuntimeError(f"no answer within {timeout_s} s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def run(self, what, *args):
+        self.conn.send((what, args))
+        return self._answer(1800)
+
+    def close(self):
+        if self.proc.is_alive():
+            self.conn.send(None)
+            self.proc.join(120)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
 def each(clients, what, rows):
-    """Runs what(name, client) for every system, in turns; a failure
+    """Runs what(name, remote) for every system, in turns; a failure
     drops that system from the rest of the run, not the others."""
     for name in list(clients):
         try:
@@ -427,7 +489,7 @@ def open_clients(names, host, netns=None):
             print(f"[{name}] skipped: {why}", flush=True)
             continue
         try:
-            clients[name] = CLIENTS[name](host, netns)
+            clients[name] = Remote(name, host, netns)
         except Exception as exc:
             print(f"[{name}] cannot start: {type(exc).__name__}: {exc}", flush=True)
     return clients
@@ -438,12 +500,12 @@ def measure(clients, where, quick, rates=True):
     sizes = QUICK_SIZES if quick else SIZES
     for kind in ("raw", "tensor"):
         for size in sizes:
-            each(clients, lambda n, c: latency_row(n, where, kind, size, c, quick), rows)
-    each(clients, lambda n, c: latency_row(n, where, "obj", 0, c, quick), rows)
+            each(clients, lambda n, c: c.run("latency", where, kind, size, quick), rows)
+    each(clients, lambda n, c: c.run("latency", where, "obj", 0, quick), rows)
     if rates:
         for mode in ("threads", "async"):
             for n in CALLERS:
-                each(clients, lambda name, c: rate_row(name, mode, n, c, quick), rows)
+                each(clients, lambda name, c: c.run("rate", mode, n, quick), rows)
     return rows
 
 
@@ -452,10 +514,10 @@ def run_local(names, quick):
     rows = []
     try:
         if "slime" in clients:
-            first, warm = clients["slime"].cold()
-            print(f"  slime cold 4 MiB tensor call {first * 1e6:.0f} us, then {warm * 1e6:.0f} us", flush=True)
-            rows.append({"system": "slime", "where": "local", "kind": "cold", "bytes": 4 * MIB, "iters": 1,
-                         "p50_us": first * 1e6, "avg_us": warm * 1e6})
+            each({"slime": clients["slime"]}, lambda n, c: c.run("cold"), rows)
+            if rows:
+                print(f"  slime: the first 4 MiB tensor call after connect {rows[-1]['p50_us']:.0f} us, "
+                      f"the second {rows[-1]['avg_us']:.0f} us", flush=True)
         rows += measure(clients, "local", quick)
     finally:
         for c in clients.values():
