@@ -1,33 +1,53 @@
-"""SlimeRPC next to Ray actors and torch.distributed.rpc: echo of raw bytes.
+"""SlimeRPC next to Ray actors, torch.distributed.rpc and Pulsing, doing
+what users do, all in one run.
 
-    python bench/rpc_bench.py                    # 1 KiB .. 64 MiB, every system found
-    python bench/rpc_bench.py --quick            # fewer sizes and iterations
-    python bench/rpc_bench.py --systems slime,torch_rpc
+    python bench/rpc_bench.py                    # every system found, full sizes
+    python bench/rpc_bench.py --quick            # fewer sizes, shorter runs
+    python bench/rpc_bench.py --systems slime,torch_rpc --no-netns
 
-Each system runs a server in a second process on this host and echoes
-bytes back; the client makes sequential round trips (after warm-up) and
-times each one.  Systems:
+Each system serves in processes of its own on this host and calls from
+a client process of its own (no system's threads take the GIL from
+another's calls); the run measures one point for every system before
+moving to the next (so a passing load weighs on all of them alike):
 
-  slime      dlslime_torch.rpc, a @method(raw=True) echo (peers through a
-             TCPStore, DLSLIME_TRANSPORT as set, default auto = shm)
-  ray        a Ray actor's echo method (ray.init of an isolated local
-             runtime; Ray 2.58.0: bench/run_rpc_bench.sh installs it)
-  torch_rpc  torch.distributed.rpc.rpc_sync (TensorPipe) of an echo function
-  pulsing    when the pulsing package is installed (not on this machine)
+  raw      echo of a bytes payload (slime: @method(raw=True))
+  tensor   a method taking and returning a float32 tensor (slime: @method)
+  obj      a small call with Python arguments: a dict of a few fields
+  threads-N, async-N   calls per second of `obj` with N callers in flight
+           against one server (N threads; N asyncio tasks)
+  cold     slime's first 4 MiB tensor call after connect, and a warm one
 
-Writes bench/results/rpc_<system>.csv (bytes, iters, avg_us, p50_us,
-p99_us, MB_s), bench/results/rpc_summary.csv (per size: each system's
-avg and the ratio peer avg / slime avg) and rpc_bench.png.  Numbers from
-a loaded machine are noisy: compare the ratios of one run.
+Systems: slime (dlslime_torch.rpc, shm on one host), ray (2.58.0 actors,
+an isolated local runtime), torch_rpc (rpc_sync / rpc_async over
+TensorPipe), pulsing (0.1.2 ActorRef.ask with a pickled payload; its
+typed proxy fails across processes in 0.1.2, and its API is asyncio: its
+latencies are measured inside its event loop, its threads-N callers hand
+their calls to that loop).  bench/run_rpc_bench.sh installs ray and
+pulsing (pinned).
+
+Then, as root with iproute2, the raw/tensor/obj latencies once more with
+the server in one network namespace and the client in another, joined by
+a veth pair (10.214.0.1/30 and 10.214.0.2/30), so every byte crosses tcp
+(slime, torch_rpc, pulsing; Ray would need a two-node cluster).  Skipped
+with the reason otherwise.
+
+Writes bench/results/rpc_bench.csv (system, where, kind, bytes or
+callers, iters, p50_us, avg_us, calls_s) and rpc_summary.csv (per point:
+slime's number and each peer's ratio to it: peer latency / slime latency,
+or slime calls/s / peer calls/s; above 1, slime is ahead), and
+rpc_bench.png.  Numbers from a loaded host are noisy: compare the ratios
+of one run.
 """
 
 import argparse
+import asyncio
 import csv
-import multiprocessing as mp
 import os
 import socket
 import statistics
+import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,194 +57,619 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 from dlslime_torch import rpc  # noqa: E402  (after the path: the checkout's package)
 
 KIB, MIB = 1024, 1024 * 1024
-SIZES = [KIB, 4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
-QUICK_SIZES = [KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB]
+SIZES = [KIB, 4 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
+QUICK_SIZES = [KIB, 64 * KIB, MIB, 16 * MIB]
+CALLERS = [1, 4, 16]
+OBJ = {"id": 7, "name": "layer.3.weight", "shape": [4096, 1024], "lr": 3e-4, "tags": ["a", "b"], "ok": True}
+NS = ("slimebench0", "slimebench1")
+NS_ADDRS = ("10.214.0.1", "10.214.0.2")
 
 
-def iters_for(size, quick):
-    budget = 20 * MIB if quick else 200 * MIB  # bytes per size, one way
-    n = max(5, min(2000 if not quick else 500, budget // size))
-    return n, max(2, n // 10)
-
-
-def free_port():
+def free_port(host="127.0.0.1"):
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def timed(call, payload, n, warmup):
-    for _ in range(warmup):
-        call(payload)
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        back = call(payload)
-        out.append(time.perf_counter() - t0)
-    if len(back) != len(payload):
-        raise RuntimeError(f"echo of {len(payload)} bytes came back with {len(back)}")
-    return out
+def payload(kind, size):
+    if kind == "raw":
+        return os.urandom(size)
+    if kind == "tensor":
+        import torch
+        return torch.randn(size // 4)
+    return dict(OBJ)
 
 
-def summarize(size, samples):
-    us = sorted(s * 1e6 for s in samples)
-    avg = statistics.fmean(us)
-    return {"bytes": size, "iters": len(us), "avg_us": avg, "p50_us": us[len(us) // 2],
-            "p99_us": us[min(len(us) - 1, int(len(us) * 0.99))], "MB_s": 2 * size / avg}
+def same(kind, got, sent):
+    if kind == "tensor":
+        import torch
+        return torch.equal(got, sent)
+    return bytes(got) == sent if kind == "raw" else got == sent
 
 
-# ---- slime ----
-class EchoService:
-    rpc_name = "bench.Echo"
+# ---------------------------------------------------------------- servers
+# Each runs as `python rpc_bench.py --serve SYSTEM --addr HOST:PORT` (in a
+# namespace: under `ip netns exec`) until stdin closes.
+
+class BenchService:
+    rpc_name = "bench.Service"
 
     @rpc.method(raw=True)
-    def echo(self, data):
+    def raw(self, data):
         return data
 
+    @rpc.method
+    def tensor(self, t):
+        return t
 
-def _slime_server(port):
+    @rpc.method
+    def obj(self, d):
+        return d
+
+
+def _serve_slime(host, port):
     from torch.distributed import TCPStore
-    store = TCPStore("127.0.0.1", port, is_master=False)
+    store = TCPStore(host, port, is_master=True, wait_for_workers=False)
     rpc.init("bench-server", store=store)
-    with rpc.Server(EchoService(), threads=1).start():
-        store.wait(["bench-stop"])
+    with rpc.Server(BenchService(), threads=2).start():
+        sys.stdin.read()
+    rpc.shutdown()
 
 
-def run_slime(sizes, quick):
-    from torch.distributed import TCPStore
-    port = free_port()
-    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-    proc = mp.get_context("spawn").Process(target=_slime_server, args=(port,))
-    proc.start()
-    try:
+def _torch_echo(x):
+    return x
+
+
+def _serve_torch_rpc(host, port):
+    import torch.distributed.rpc as trpc
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
+    # rank 0 hosts the rendezvous store at MASTER_ADDR: the server's address
+    trpc.init_rpc("server", rank=0, world_size=2,
+                  rpc_backend_options=trpc.TensorPipeRpcBackendOptions(rpc_timeout=300))
+    trpc.shutdown()   # waits for the client's shutdown
+
+
+def _serve_pulsing(host, port):
+    import pulsing as pul
+
+    class Echo(pul.Actor):
+        async def receive(self, msg):
+            return msg[1]
+
+    async def main():
+        await pul.init(addr=f"{host}:{port}")
+        await pul.spawn(Echo(), name="bench_echo", public=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await pul.shutdown()
+
+    asyncio.run(main())
+
+
+SERVERS = {"slime": _serve_slime, "torch_rpc": _serve_torch_rpc, "pulsing": _serve_pulsing}
+
+
+def start_server(system, host, port, netns=None):
+    cmd = [sys.executable, os.path.abspath(__file__), "--serve", system, "--addr", f"{host}:{port}"]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if netns:
+        cmd = ["ip", "netns", "exec", netns] + cmd
+        env.update(TP_SOCKET_IFNAME="sbv0", GLOO_SOCKET_IFNAME="sbv0")
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env)
+
+
+# ---------------------------------------------------------------- clients
+
+class Client:
+    """One system seen from the calling process: call (sync), acall
+    (a coroutine), arun (runs a coroutine where the system's calls may
+    be awaited), close."""
+
+    server = None
+
+    def acall(self, kind, x):
+        raise NotImplementedError
+
+    def arun(self, coro):
+        return asyncio.run(coro)
+
+    def latencies(self, kind, x, n, budget_s):
+        out = []
+        end = time.monotonic() + budget_s
+        for _ in range(n):
+            t0 = time.perf_counter()
+            back = self.call(kind, x)
+            out.append(time.perf_counter() - t0)
+            if time.monotonic() > end:
+                break
+        if not same(kind, back, x):
+            raise RuntimeError(f"{kind}: the reply differs from the request")
+        return out
+
+    def close(self):
+        if self.server is not None:
+            self.server.stdin.close()
+            self.server.wait(60)
+
+
+class SlimeClient(Client):
+    def __init__(self, host, netns=None):
+        from torch.distributed import TCPStore
+        port = free_port() if netns is None else 29611
+        self.server = start_server("slime", host, port, netns)
+        store = TCPStore(host, port, is_master=False, timeout=__import__("datetime").timedelta(seconds=60))
         rpc.init("bench-client", store=store)
-        echo = rpc.proxy("bench-server", EchoService, timeout=60).echo
-        call = lambda p: echo(p).wait()  # noqa: E731
-        rows = []
-        for size in sizes:
-            payload = os.urandom(size)
-            if bytes(call(payload)) != payload:
-                raise RuntimeError(f"slime: echo of {size} bytes came back different")
-            rows.append(summarize(size, timed(call, payload, *iters_for(size, quick))))
-        return rows
-    finally:
-        store.set("bench-stop", "1")
-        proc.join(30)
+        t0 = time.perf_counter()
+        self.proxy = rpc.proxy("bench-server", BenchService, timeout=120)
+        self.connect_s = time.perf_counter() - t0
+        self.methods = {k: getattr(self.proxy, k) for k in ("raw", "tensor", "obj")}
+
+    def cold(self):
+        """(first, second) 4 MiB tensor call after connect, in seconds."""
+        x = payload("tensor", 4 * MIB)
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            self.call("tensor", x)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def call(self, kind, x):
+        return self.methods[kind](x).wait()
+
+    async def acall(self, kind, x):
+        return await self.methods[kind](x)
+
+    def close(self):
+        self.proxy.close()
         rpc.shutdown()
+        super().close()
 
 
-# ---- ray ----
-def run_ray(sizes, quick):
-    import ray
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=False,
-             _temp_dir=f"/tmp/ray_bench_{os.getpid()}", object_store_memory=512 * MIB)
-    try:
-        @ray.remote
-        class Echo:
-            def echo(self, data):
+class RayClient(Client):
+    def __init__(self, host, netns=None):
+        import ray
+        self.ray = ray
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=f"/tmp/ray_bench_{os.getpid()}", object_store_memory=512 * MIB)
+        class Actor:   # defined here: Ray ships a local class by value
+            def raw(self, data):
                 return data
 
-        actor = Echo.remote()
-        call = lambda p: ray.get(actor.echo.remote(p))  # noqa: E731
-        rows = []
-        for size in sizes:
-            payload = os.urandom(size)
-            if bytes(call(payload)) != payload:
-                raise RuntimeError(f"ray: echo of {size} bytes came back different")
-            rows.append(summarize(size, timed(call, payload, *iters_for(size, quick))))
-        return rows
-    finally:
-        ray.shutdown()
+            def tensor(self, t):
+                return t
+
+            def obj(self, d):
+                return d
+
+        self.actor = ray.remote(Actor).remote()
+        ray.get(self.actor.obj.remote(OBJ))
+
+    def call(self, kind, x):
+        return self.ray.get(getattr(self.actor, kind).remote(x))
+
+    async def acall(self, kind, x):
+        return await getattr(self.actor, kind).remote(x)
+
+    def close(self):
+        self.ray.shutdown()
 
 
-# ---- torch.distributed.rpc ----
-def _torch_echo(data):
-    return data
+class TorchRpcClient(Client):
+    def __init__(self, host, netns=None):
+        import torch.distributed.rpc as trpc
+        self.trpc = trpc
+        port = free_port() if netns is None else 29612
+        self.server = start_server("torch_rpc", host, port, netns)
+        os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
+        trpc.init_rpc("client", rank=1, world_size=2,
+                      rpc_backend_options=trpc.TensorPipeRpcBackendOptions(rpc_timeout=300))
+
+    def call(self, kind, x):
+        return self.trpc.rpc_sync("server", _torch_echo, args=(x,))
+
+    async def acall(self, kind, x):
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        fut = self.trpc.rpc_async("server", _torch_echo, args=(x,))
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(done.set_result, f))
+        return (await done).wait()
+
+    def close(self):
+        self.trpc.shutdown()
+        super().close()
 
 
-def _torch_rpc_worker(rank, port, sizes, quick, conn):
-    import torch.distributed.rpc as trpc
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    opts = trpc.TensorPipeRpcBackendOptions(num_worker_threads=4, rpc_timeout=120)
-    trpc.init_rpc("client" if rank == 0 else "server", rank=rank, world_size=2, rpc_backend_options=opts)
-    rows = []
-    if rank == 0:
-        call = lambda p: trpc.rpc_sync("server", _torch_echo, args=(p,))  # noqa: E731
-        for size in sizes:
-            payload = os.urandom(size)
-            if call(payload) != payload:
-                raise RuntimeError(f"torch_rpc: echo of {size} bytes came back different")
-            rows.append(summarize(size, timed(call, payload, *iters_for(size, quick))))
-    trpc.shutdown()
-    if conn is not None:
-        conn.send(rows)
+def _pulsing_reply(reply):
+    """A Python actor's reply reaches another process as a Message whose
+    payload is the pickle of what receive() returned (0.1.2)."""
+    import pickle
+    payload = getattr(reply, "payload", None)
+    return reply if payload is None else pickle.loads(bytes(payload))
 
 
-def run_torch_rpc(sizes, quick):
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    server = ctx.Process(target=_torch_rpc_worker, args=(1, port, sizes, quick, None))
-    client = ctx.Process(target=_torch_rpc_worker, args=(0, port, sizes, quick, child))
-    server.start()
-    client.start()
-    if not parent.poll(1800):
-        raise RuntimeError("torch_rpc: no result")
-    rows = parent.recv()
-    client.join(60)
-    server.join(60)
-    return rows
+class PulsingClient(Client):
+    """Pulsing's API is asyncio: its calls run on one event loop thread."""
+
+    def __init__(self, host, netns=None):
+        import pulsing as pul
+        self.pul = pul
+        port = free_port(host) if netns is None else 29613
+        self.server = start_server("pulsing", host, port, netns)
+        mine = NS_ADDRS[1] if netns else host
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.arun(pul.init(addr=f"{mine}:{free_port(mine)}", seeds=[f"{host}:{port}"]))
+        self.ref = self.arun(pul.resolve("bench_echo", timeout=60))
+
+    def arun(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(600)
+
+    def call(self, kind, x):
+        return self.arun(self.acall(kind, x))
+
+    async def acall(self, kind, x):
+        return _pulsing_reply(await self.ref.ask((kind, x)))
+
+    def latencies(self, kind, x, n, budget_s):
+        async def run():
+            out, end = [], time.monotonic() + budget_s
+            for _ in range(n):
+                t0 = time.perf_counter()
+                back = await self.acall(kind, x)
+                out.append(time.perf_counter() - t0)
+                if time.monotonic() > end:
+                    break
+            if not same(kind, back, x):
+                raise RuntimeError(f"{kind}: the reply differs from the request")
+            return out
+        return self.arun(run())
+
+    def close(self):
+        try:
+            self.arun(self.pul.shutdown())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            super().close()
 
 
-# ---- pulsing (optional) ----
-def run_pulsing(sizes, quick):
-    raise RuntimeError("pulsing support is not written: the package is not installed here to test it")
-
-
-SYSTEMS = {"slime": run_slime, "ray": run_ray, "torch_rpc": run_torch_rpc, "pulsing": run_pulsing}
+CLIENTS = {"slime": SlimeClient, "ray": RayClient, "torch_rpc": TorchRpcClient, "pulsing": PulsingClient}
 
 
 def available(name):
-    if name == "ray":
+    modules = {"ray": "ray", "pulsing": "pulsing"}
+    if name in modules:
         try:
-            import ray  # noqa: F401
+            __import__(modules[name])
         except ImportError:
-            return "not installed (bench/run_rpc_bench.sh installs ray==2.58.0)"
-    if name == "pulsing":
-        try:
-            import pulsing  # noqa: F401
-        except ImportError:
-            return "not installed"
+            return "not installed (bench/run_rpc_bench.sh installs it)"
     return None
 
 
+# ---------------------------------------------------------------- measuring
+
+def iters_for(size, quick):
+    budget = (20 if quick else 200) * MIB  # bytes per point, one way
+    return max(5, min(300 if quick else 2000, budget // max(size, 1)))
+
+
+def latency_row(name, where, kind, size, client, quick):
+    x = payload(kind, size)
+    n = iters_for(size, quick)
+    client.latencies(kind, x, max(2, n // 10), 5)           # warm-up: at least n/10 calls
+    client.latencies(kind, x, 10 ** 6, 0.5)                 # and half a second
+    us = sorted(s * 1e6 for s in client.latencies(kind, x, n, 3 if quick else 10))
+    return {"system": name, "where": where, "kind": kind, "bytes": size, "iters": len(us),
+            "p50_us": us[len(us) // 2], "avg_us": statistics.fmean(us)}
+
+
+def threads_rate(client, n, seconds):
+    counts = [0] * n
+    stop = time.monotonic() + seconds
+
+    def worker(i):
+        while time.monotonic() < stop:
+            client.call("obj", OBJ)
+            counts[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.monotonic() - t0)
+
+
+async def async_rate(client, n, seconds):
+    counts = [0] * n
+    stop = time.monotonic() + seconds
+
+    async def worker(i):
+        while time.monotonic() < stop:
+            await client.acall("obj", OBJ)
+            counts[i] += 1
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker(i) for i in range(n)))
+    return sum(counts) / (time.monotonic() - t0)
+
+
+def rate_row(name, mode, n, client, quick):
+    seconds = 1.0 if quick else 3.0
+    if mode == "threads":
+        rate = threads_rate(client, n, seconds)
+    else:
+        rate = client.arun(async_rate(client, n, seconds))
+    return {"system": name, "where": "local", "kind": f"{mode}-{n}", "bytes": n, "calls_s": rate}
+
+
+def cold_row(name, client):
+    first, warm = client.cold()
+    return {"system": name, "where": "local", "kind": "cold", "bytes": 4 * MIB, "iters": 1,
+            "p50_us": first * 1e6, "avg_us": warm * 1e6}
+
+
+WORK = {"latency": lambda name, c, where, kind, size, quick: latency_row(name, where, kind, size, c, quick),
+        "rate": lambda name, c, mode, n, quick: rate_row(name, mode, n, c, quick),
+        "cold": lambda name, c: cold_row(name, c)}
+
+
+def _client_process(name, host, netns, conn):
+    """One system's client, in a process of its own (so that no system's
+    threads take the GIL from another's calls): runs the WORK it is sent."""
+    try:
+        client = CLIENTS[name](host, netns)
+    except Exception as exc:
+        conn.send(("err", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ok", None))
+    try:
+        for what, args in iter(conn.recv, None):
+            try:
+                conn.send(("ok", WORK[what](name, client, *args)))
+            except Exception as exc:
+                conn.send(("err", f"{type(exc).__name__}: {exc}"))
+    finally:
+        client.close()
+
+
+class Remote:
+    """The calling side of a _client_process."""
+
+    def __init__(self, name, host, netns):
+        import multiprocessing as mp
+        self.conn, child = mp.get_context("spawn").Pipe()
+        self.proc = mp.get_context("spawn").Process(target=_client_process, args=(name, host, netns, child))
+        self.proc.start()
+        self._answer(600)
+
+    def _answer(self, timeout_s):
+        if not self.conn.poll(timeout_s):
+            raise RuntimeError(f"no answer within {timeout_s} s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def run(self, what, *args):
+        self.conn.send((what, args))
+        return self._answer(1800)
+
+    def close(self):
+        if self.proc.is_alive():
+            self.conn.send(None)
+            self.proc.join(120)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+def each(clients, what, rows):
+    """Runs what(name, remote) for every system, in turns; a failure
+    drops that system from the rest of the run, not the others."""
+    for name in list(clients):
+        try:
+            row = what(name, clients[name])
+        except Exception as exc:
+            print(f"[{name}] failed: {type(exc).__name__}: {exc}; dropped from the run", flush=True)
+            clients.pop(name).close()
+            continue
+        rows.append(row)
+        shown = f"p50 {row['p50_us']:10.1f} us" if "p50_us" in row else f"{row['calls_s']:10.0f} calls/s"
+        print(f"  {row['where']:6s} {row['kind']:10s} {row['bytes']:>9d}  {name:9s} {shown}", flush=True)
+
+
+def open_clients(names, host, netns=None):
+    clients = {}
+    for name in names:
+        why = available(name)
+        if why:
+            print(f"[{name}] skipped: {why}", flush=True)
+            continue
+        try:
+            clients[name] = Remote(name, host, netns)
+        except Exception as exc:
+            print(f"[{name}] cannot start: {type(exc).__name__}: {exc}", flush=True)
+    return clients
+
+
+def measure(clients, where, quick, rates=True):
+    rows = []
+    sizes = QUICK_SIZES if quick else SIZES
+    for kind in ("raw", "tensor"):
+        for size in sizes:
+            each(clients, lambda n, c: c.run("latency", where, kind, size, quick), rows)
+    each(clients, lambda n, c: c.run("latency", where, "obj", 0, quick), rows)
+    if rates:
+        for mode in ("threads", "async"):
+            for n in CALLERS:
+                each(clients, lambda name, c: c.run("rate", mode, n, quick), rows)
+    return rows
+
+
+def run_local(names, quick):
+    clients = open_clients(names, "127.0.0.1")
+    rows = []
+    try:
+        if "slime" in clients:
+            each({"slime": clients["slime"]}, lambda n, c: c.run("cold"), rows)
+            if rows:
+                print(f"  slime: the first 4 MiB tensor call after connect {rows[-1]['p50_us']:.0f} us, "
+                      f"the second {rows[-1]['avg_us']:.0f} us", flush=True)
+        rows += measure(clients, "local", quick)
+    finally:
+        for c in clients.values():
+            c.close()
+    return rows
+
+
+# ---------------------------------------------------------------- two namespaces
+
+def _ip(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+def netns_down():
+    for ns in NS:
+        _ip("netns", "del", ns)
+
+
+def netns_up():
+    """Makes the two namespaces and their veth pair; the reason it cannot
+    be done, or None."""
+    import shutil
+    if os.geteuid() != 0:
+        return "not root (network namespaces need it)"
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is not installed"
+    netns_down()
+    steps = [("netns", "add", NS[0]), ("netns", "add", NS[1]),
+             ("link", "add", "sbv0", "netns", NS[0], "type", "veth", "peer", "name", "sbv1", "netns", NS[1])]
+    for i in (0, 1):
+        steps += [("-n", NS[i], "addr", "add", f"{NS_ADDRS[i]}/30", "dev", f"sbv{i}"),
+                  ("-n", NS[i], "link", "set", "lo", "up"), ("-n", NS[i], "link", "set", f"sbv{i}", "up")]
+    for step in steps:
+        r = _ip(*step)
+        if r.returncode:
+            netns_down()
+            return f"ip {' '.join(step)}: {r.stderr.strip()}"
+    return None
+
+
+def run_netns(names, quick, out_dir):
+    names = [n for n in names if n != "ray" and not available(n)]
+    why = netns_up()
+    if why:
+        print(f"[netns] skipped: {why}", flush=True)
+        return []
+    rows_file = os.path.join(out_dir, "rpc_netns_rows.csv")
+    cmd = ["ip", "netns", "exec", NS[1], sys.executable, os.path.abspath(__file__), "--netns-client",
+           "--systems", ",".join(names), "--rows-out", rows_file] + (["--quick"] if quick else [])
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    print(f"[netns] server in {NS[0]} ({NS_ADDRS[0]}), client in {NS[1]} ({NS_ADDRS[1]}); "
+          "Ray is not measured here (it would need a two-node cluster)", flush=True)
+    try:
+        r = subprocess.run(cmd, env=env, timeout=3600)
+        if r.returncode or not os.path.exists(rows_file):
+            print(f"[netns] the client in {NS[1]} failed ({r.returncode})", flush=True)
+            return []
+        with open(rows_file) as f:
+            rows = list(csv.DictReader(f))
+        os.unlink(rows_file)
+        for row in rows:
+            row["bytes"] = int(row["bytes"])
+            for k in ("p50_us", "avg_us"):
+                row[k] = float(row[k])
+        return rows
+    finally:
+        netns_down()
+
+
+def netns_client(names, quick, rows_file):
+    os.environ["TP_SOCKET_IFNAME"] = "sbv1"
+    os.environ["GLOO_SOCKET_IFNAME"] = "sbv1"
+    clients = open_clients(names, NS_ADDRS[0], netns=NS[0])
+    try:
+        rows = measure(clients, "netns", quick, rates=False)
+    finally:
+        for c in clients.values():
+            c.close()
+    write_csv(rows_file, rows, ["system", "where", "kind", "bytes", "iters", "p50_us", "avg_us"])
+
+
+# ---------------------------------------------------------------- reporting
+
 def write_csv(path, rows, fields):
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: (f"{v:.2f}" if isinstance(v, float) else v) for k, v in r.items() if k in fields})
+            w.writerow({k: (f"{v:.2f}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
-def plot(results, path):
+def summarize(rows):
+    """Per point: slime's number and each peer's ratio to it (above 1:
+    slime ahead)."""
+    points = {}
+    for r in rows:
+        points.setdefault((r["where"], r["kind"], r["bytes"]), {})[r["system"]] = r
+    peers = sorted({r["system"] for r in rows} - {"slime"})
+    summary = []
+    for (where, kind, size), by in points.items():
+        s = by.get("slime")
+        if s is None or kind == "cold":
+            continue
+        rate = "calls_s" in s
+        key = "calls_s" if rate else "p50_us"
+        row = {"where": where, "kind": kind, "bytes": size, "slime": s[key]}
+        for p in peers:
+            if p in by:
+                row[p] = by[p][key]
+                row[f"x_{p}"] = s[key] / by[p][key] if rate else by[p][key] / s[key]
+        summary.append(row)
+    return summary, peers
+
+
+def print_summary(summary, peers):
+    print("\nlatency: p50 us, x_peer = peer / slime;  threads-N, async-N: calls/s, x_peer = slime / peer")
+    cols = ["where", "kind", "bytes", "slime"] + [c for p in peers for c in (p, f"x_{p}")]
+    print("  ".join(f"{c:>11s}" for c in cols))
+    for row in summary:
+        cells = []
+        for c in cols:
+            v = row.get(c, "")
+            cells.append(f"{v:11.1f}" if isinstance(v, float) else f"{v!s:>11s}")
+        print("  ".join(cells))
+    return cols
+
+
+def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, rows in results.items():
-        xs = [r["bytes"] for r in rows]
-        ax1.plot(xs, [r["avg_us"] for r in rows], marker="o", label=name)
-        ax2.plot(xs, [r["MB_s"] for r in rows], marker="o", label=name)
-    for ax, title, ylabel in ((ax1, "echo round trip", "avg latency (us)"),
-                              (ax2, "echo bandwidth (both ways)", "MB/s")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("payload bytes")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    systems = sorted({r["system"] for r in rows})
+    for ax, kind in zip(axes[:2], ("raw", "tensor")):
+        for name in systems:
+            for where, style in (("local", "-"), ("netns", "--")):
+                pts = [r for r in rows if r["system"] == name and r["kind"] == kind and r["where"] == where]
+                if pts:
+                    ax.plot([r["bytes"] for r in pts], [r["p50_us"] for r in pts], style, marker="o",
+                            label=f"{name} ({where})")
+        ax.set(xscale="log", yscale="log", xlabel="payload bytes", ylabel="p50 round trip (us)",
+               title=f"{kind} echo")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
+    modes = [f"{m}-{n}" for m in ("threads", "async") for n in CALLERS]
+    width = 0.8 / max(1, len(systems))
+    for i, name in enumerate(systems):
+        by = {r["kind"]: r["calls_s"] for r in rows if r["system"] == name and "calls_s" in r}
+        axes[2].bar([j + i * width for j in range(len(modes))], [by.get(m, 0) for m in modes], width, label=name)
+    axes[2].set_xticks([j + 0.4 - width / 2 for j in range(len(modes))], modes, rotation=30)
+    axes[2].set(yscale="log", ylabel="calls/s", title="small calls, N callers in flight")
+    axes[2].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -233,49 +678,37 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default="slime,ray,torch_rpc,pulsing")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-netns", action="store_true", help="skip the two-namespace part")
+    ap.add_argument("--no-local", action="store_true", help="only the two-namespace part")
     ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--addr", help=argparse.SUPPRESS)
+    ap.add_argument("--netns-client", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rows-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    sizes = QUICK_SIZES if args.quick else SIZES
+    names = args.systems.split(",")
+    if args.serve:
+        host, port = args.addr.rsplit(":", 1)
+        SERVERS[args.serve](host, int(port))
+        return 0
+    if args.netns_client:
+        netns_client(names, args.quick, args.rows_out)
+        return 0
     os.makedirs(args.out, exist_ok=True)
-    results = {}
-    for name in args.systems.split(","):
-        why = available(name)
-        if why:
-            print(f"[{name}] skipped: {why}", flush=True)
-            continue
-        print(f"[{name}] running ...", flush=True)
-        try:
-            rows = SYSTEMS[name](sizes, args.quick)
-        except Exception as exc:  # one system failing must not lose the others
-            print(f"[{name}] failed: {type(exc).__name__}: {exc}", flush=True)
-            continue
-        results[name] = rows
-        write_csv(os.path.join(args.out, f"rpc_{name}.csv"), rows,
-                  ["bytes", "iters", "avg_us", "p50_us", "p99_us", "MB_s"])
-        for r in rows:
-            print(f"  {name:9s} {r['bytes']:>10d} B  avg {r['avg_us']:10.1f} us  p50 {r['p50_us']:10.1f}  "
-                  f"p99 {r['p99_us']:10.1f}  {r['MB_s']:9.1f} MB/s", flush=True)
-    if "slime" not in results:
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus", flush=True)
+    rows = [] if args.no_local else run_local(names, args.quick)
+    if not args.no_netns:
+        rows += run_netns(names, args.quick, args.out)
+    if not any(r["system"] == "slime" for r in rows):
         print("no slime results: nothing to compare")
         return 1
-    summary = []
-    peers = [n for n in results if n != "slime"]
-    for i, r in enumerate(results["slime"]):
-        row = {"bytes": r["bytes"], "slime_avg_us": r["avg_us"], "slime_p50_us": r["p50_us"],
-               "slime_p99_us": r["p99_us"]}
-        for p in peers:
-            pr = results[p][i]
-            row[f"{p}_avg_us"] = pr["avg_us"]
-            row[f"{p}_vs_slime"] = pr["avg_us"] / r["avg_us"]
-        summary.append(row)
-    fields = list(summary[0].keys())
-    write_csv(os.path.join(args.out, "rpc_summary.csv"), summary, fields)
-    print("\nratio = peer avg latency / slime avg latency (higher: slime faster)")
-    print("  " + "  ".join(f"{f:>16s}" for f in fields))
-    for row in summary:
-        print("  " + "  ".join(f"{row[f]:16.2f}" if isinstance(row[f], float) else f"{row[f]:16d}" for f in fields))
-    plot(results, os.path.join(args.out, "rpc_bench.png"))
-    print(f"\nwrote {args.out}/rpc_*.csv and rpc_bench.png")
+    write_csv(os.path.join(args.out, "rpc_bench.csv"), rows,
+              ["system", "where", "kind", "bytes", "iters", "p50_us", "avg_us", "calls_s"])
+    summary, peers = summarize(rows)
+    cols = print_summary(summary, peers)
+    write_csv(os.path.join(args.out, "rpc_summary.csv"), summary, cols)
+    plot(rows, os.path.join(args.out, "rpc_bench.png"))
+    print(f"\nwrote {args.out}/rpc_bench.csv, rpc_summary.csv and rpc_bench.png")
     return 0
 
 

@@ -294,23 +294,40 @@ static int call_check_open(RpcCallObject *self)
     return 0;
 }
 
+/* Acquires each non-NULL object's memory (read-only; writable for the
+ * last when last_writable) into a new hold, bufs[i] empty for a NULL one.
+ * NULL with a Python error set on failure. */
+static slime_py_hold_t *hold_bufs(PyObject *const *objs, size_t n, int last_writable, slime_py_buf_t **bufs)
+{
+    slime_py_hold_t *hold = slime_py_hold_new(n);
+    if (!hold)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        bufs[i] = slime_py_hold_next_buf(hold);
+        if (objs[i] && objs[i] != Py_None &&
+            slime_py_buf_get(objs[i], last_writable && i == n - 1, bufs[i]) < 0) {
+            slime_py_hold_release(hold);
+            return NULL;
+        }
+    }
+    return hold;
+}
+
 /* Sends the answer (kind: 0 reply, 1 fail, 2 commit) and finishes the
- * call; buf is held for the send, and buried if it may still be read. */
-static PyObject *call_finish(RpcCallObject *self, int kind, PyObject *obj, size_t commit_len, int64_t timeout_ms)
+ * call; the payload (obj, then tail) is held for the send, and buried if
+ * it may still be read. */
+static PyObject *call_finish(RpcCallObject *self, int kind, PyObject *obj, PyObject *tail, size_t commit_len,
+                             int64_t timeout_ms)
 {
     if (call_check_open(self) < 0)
         return NULL;
     slime_py_hold_t *hold = NULL;
-    slime_py_buf_t *b = NULL;
+    slime_py_buf_t *b[2] = {NULL, NULL};
     if (obj) {
-        hold = slime_py_hold_new(1);
+        PyObject *objs[2] = {obj, tail};
+        hold = hold_bufs(objs, 2, 0, b);
         if (!hold)
             return NULL;
-        b = slime_py_hold_next_buf(hold);
-        if (slime_py_buf_get(obj, 0, b) < 0) {
-            slime_py_hold_release(hold);
-            return NULL;
-        }
     }
     if (kind == 2 && self->rbuf && self->rbuf->exports > 0) {
         slime_py_hold_release(hold);
@@ -338,9 +355,9 @@ static PyObject *call_finish(RpcCallObject *self, int kind, PyObject *obj, size_
     if (kind == 2)
         st = slime_rpc_call_reply_commit(call, commit_len, timeout_ms);
     else if (kind == 1)
-        st = slime_rpc_call_fail(call, b->ptr, b->len, timeout_ms);
+        st = slime_rpc_call_fail(call, b[0]->ptr, b[0]->len, timeout_ms);
     else
-        st = slime_rpc_call_reply(call, b->ptr, b->len, timeout_ms);
+        st = slime_rpc_call_reply_parts(call, b[0]->ptr, b[0]->len, b[1]->ptr, b[1]->len, timeout_ms);
     Py_END_ALLOW_THREADS
     slime_py_context_leave_child(ctx, counted);
     if (st == SLIME_ERR_TIMEOUT && hold)
@@ -354,12 +371,13 @@ static PyObject *call_finish(RpcCallObject *self, int kind, PyObject *obj, size_
 
 static PyObject *call_reply(RpcCallObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"data", "timeout_ms", NULL};
-    PyObject *data;
+    static char *kwlist[] = {"data", "timeout_ms", "tail", NULL};
+    PyObject *data, *tail = NULL;
     int64_t timeout_ms = RPC_DEFAULT_TIMEOUT_MS;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O&:reply", kwlist, &data, slime_py_conv_timeout, &timeout_ms))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O&O:reply", kwlist, &data, slime_py_conv_timeout, &timeout_ms,
+                                     &tail))
         return NULL;
-    return call_finish(self, 0, data, 0, timeout_ms);
+    return call_finish(self, 0, data, tail, 0, timeout_ms);
 }
 
 static PyObject *call_fail(RpcCallObject *self, PyObject *args, PyObject *kwargs)
@@ -369,7 +387,7 @@ static PyObject *call_fail(RpcCallObject *self, PyObject *args, PyObject *kwargs
     int64_t timeout_ms = RPC_DEFAULT_TIMEOUT_MS;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O&:fail", kwlist, &data, slime_py_conv_timeout, &timeout_ms))
         return NULL;
-    return call_finish(self, 1, data, 0, timeout_ms);
+    return call_finish(self, 1, data, NULL, 0, timeout_ms);
 }
 
 static PyObject *call_commit(RpcCallObject *self, PyObject *args, PyObject *kwargs)
@@ -386,7 +404,7 @@ static PyObject *call_commit(RpcCallObject *self, PyObject *args, PyObject *kwar
         return PyErr_Format(PyExc_RuntimeError, "commit() without reply_buffer()");
     if (len > self->rbuf->len)
         return PyErr_Format(PyExc_ValueError, "commit(%zu) of a %zu-byte reply buffer", len, self->rbuf->len);
-    return call_finish(self, 2, NULL, len, timeout_ms);
+    return call_finish(self, 2, NULL, NULL, len, timeout_ms);
 }
 
 static PyObject *call_reply_buffer(RpcCallObject *self, PyObject *args)
@@ -474,7 +492,8 @@ static PySequenceMethods call_as_sequence = {.sq_length = (lenfunc)call_length};
 
 static PyMethodDef call_methods[] = {
     {"reply", (PyCFunction)(void (*)(void))call_reply, METH_VARARGS | METH_KEYWORDS,
-     "reply(data, timeout_ms=30000): answers with the bytes of data."},
+     "reply(data, timeout_ms=30000, tail=None): answers with the bytes of data, then those of tail (sent "
+     "from its memory when the reply goes by bulk)."},
     {"fail", (PyCFunction)(void (*)(void))call_fail, METH_VARARGS | METH_KEYWORDS,
      "fail(data, timeout_ms=30000): answers with an error payload."},
     {"reply_buffer", (PyCFunction)call_reply_buffer, METH_VARARGS,
@@ -518,7 +537,8 @@ typedef struct {
     RpcClientObject *client;
     slime_rpc_req_t *req;
     slime_status_t final;      /* SLIME_INPROGRESS until seen */
-    slime_py_hold_t *hold;     /* the payload, until it has left */
+    slime_py_hold_t *hold;     /* the payload (and out buffer), until done */
+    int has_out;               /* a late reply may still land in the hold's out buffer */
     Py_ssize_t exports;
 } RpcRequestObject;
 
@@ -593,22 +613,20 @@ static PyObject *client_close(RpcClientObject *self, PyObject *Py_UNUSED(ignored
     Py_RETURN_NONE;
 }
 
-static PyObject *client_call(RpcClientObject *self, PyObject *args)
+static PyObject *client_call(RpcClientObject *self, PyObject *args, PyObject *kwargs)
 {
+    static char *kwlist[] = {"method_id", "data", "tail", "out", NULL};
     uint64_t method;
-    PyObject *data;
-    if (!PyArg_ParseTuple(args, "O&O:call", slime_py_conv_u64, &method, &data))
+    PyObject *objs[3] = {NULL, NULL, NULL}; /* data, tail, out */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O|OO:call", kwlist, slime_py_conv_u64, &method, &objs[0],
+                                     &objs[1], &objs[2]))
         return NULL;
     if (!self->cli)
         return slime_py_raise(SLIME_ERR_CLOSED, "the rpc client is closed");
-    slime_py_hold_t *hold = slime_py_hold_new(1);
+    slime_py_buf_t *b[3];
+    slime_py_hold_t *hold = hold_bufs(objs, 3, 1, b);
     if (!hold)
         return NULL;
-    slime_py_buf_t *b = slime_py_hold_next_buf(hold);
-    if (slime_py_buf_get(data, 0, b) < 0) {
-        slime_py_hold_release(hold);
-        return NULL;
-    }
     RpcRequestObject *r = PyObject_New(RpcRequestObject, &SlimeRpcRequest_Type);
     if (!r) {
         slime_py_hold_release(hold);
@@ -618,13 +636,16 @@ static PyObject *client_call(RpcClientObject *self, PyObject *args)
     r->req = NULL;
     r->final = SLIME_INPROGRESS;
     r->hold = hold;
+    r->has_out = b[2]->ptr != NULL;
     r->exports = 0;
     if (slime_py_context_begin_call(self->context, 0) < 0) {
         Py_DECREF(r);
         return NULL;
     }
+    slime_rpc_call_args_t a = {.size = sizeof a, .buf = b[0]->ptr, .len = b[0]->len, .tail = b[1]->ptr,
+                               .tail_len = b[1]->len, .reply_buf = b[2]->ptr, .reply_cap = b[2]->len};
     /* short, never blocks: the GIL stays */
-    slime_status_t st = slime_rpc_call(self->cli, method, b->ptr, b->len, &r->req);
+    slime_status_t st = slime_rpc_call_args(self->cli, method, &a, &r->req);
     slime_py_context_end_call(self->context, 0);
     if (st != SLIME_OK) {
         PyObject *err = slime_py_raise_last(st);
@@ -635,8 +656,10 @@ static PyObject *client_call(RpcClientObject *self, PyObject *args)
 }
 
 static PyMethodDef client_methods[] = {
-    {"call", (PyCFunction)client_call, METH_VARARGS,
-     "call(method_id, data) -> RpcRequest.  data (bytes-like) is sent as is and held until it has left."},
+    {"call", (PyCFunction)(void (*)(void))client_call, METH_VARARGS | METH_KEYWORDS,
+     "call(method_id, data, tail=None, out=None) -> RpcRequest.  Sends the bytes of data, then those of tail "
+     "(sent from its memory when the payload goes by bulk), held until they have left.  out: writable memory "
+     "the reply lands in when it fits (RpcRequest.in_out), held until the request is done."},
     {"close", (PyCFunction)client_close, METH_NOARGS,
      "close(): pending requests fail with SlimeClosedError."},
     {NULL, NULL, 0, NULL},
@@ -675,7 +698,8 @@ static PyObject *rreq_raise(RpcRequestObject *self)
 }
 
 /* Frees the C request: a pending one is abandoned (its late reply is
- * dropped); its payload is let go of, or buried if it may still be read. */
+ * dropped); its payload is let go of, or buried if it may still be read
+ * (or its out buffer written: a reply arriving by bulk). */
 static void rreq_abandon(RpcRequestObject *self)
 {
     slime_rpc_req_t *req = self->req;
@@ -692,7 +716,7 @@ static void rreq_abandon(RpcRequestObject *self)
     slime_py_context_leave_child(ctx, counted);
     slime_py_hold_t *hold = self->hold;
     self->hold = NULL;
-    if (sent || !counted)
+    if ((sent && !self->has_out) || !counted)
         slime_py_hold_release(hold);
     else
         slime_py_context_bury(ctx, hold);
@@ -816,6 +840,11 @@ static PyObject *rreq_get_remote_error(RpcRequestObject *self, void *Py_UNUSED(c
     return PyBool_FromLong(self->req && self->final == SLIME_OK && slime_rpc_req_remote_error(self->req));
 }
 
+static PyObject *rreq_get_in_out(RpcRequestObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->req && self->final == SLIME_OK && slime_rpc_req_in_reply_buf(self->req));
+}
+
 static PyObject *rreq_get_status(RpcRequestObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromLong((long)self->final);
@@ -842,6 +871,7 @@ static PyGetSetDef rreq_getset[] = {
     {"done", (getter)rreq_get_done, NULL, "whether it completed", NULL},
     {"remote_error", (getter)rreq_get_remote_error, NULL, "the reply is an error payload", NULL},
     {"status", (getter)rreq_get_status, NULL, "INPROGRESS or the final status", NULL},
+    {"in_out", (getter)rreq_get_in_out, NULL, "the reply landed in the call's out buffer", NULL},
     {"error", (getter)rreq_get_error, NULL, "detail of a failure", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

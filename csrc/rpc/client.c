@@ -23,6 +23,7 @@ static uint64_t reply_tag(const slime_rpc_client_t *cli) { return rpc_tag(RPC_TA
 
 static void rreq_destroy(slime_rpc_req_t *r) {
     slime_rpc_mem_free(r->result_mem);
+    slime_rpc_mem_free(r->joined);
     slime_rpc_mem_free(r->stage);
     free(r->error);
     free(r);
@@ -45,12 +46,14 @@ static void rreq_finish_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r, slim
     }
     drop_sub(cli, &r->send_req, r->stage);
     r->stage = NULL;
-    drop_sub(cli, &r->bulk_send_req, NULL);
+    drop_sub(cli, &r->bulk_send_req, r->joined);
+    r->joined = NULL;
     if (r->bulk_recv_req) {
         drop_sub(cli, &r->bulk_recv_req, r->result_mem);
         r->result_mem = NULL;
         r->result = NULL;
         r->result_len = 0;
+        r->in_reply_buf = false;
     }
     if (st != SLIME_OK && !r->error) r->error = strdup(text ? text : slime_strerror(st));
     bool abandoned = r->abandoned;
@@ -86,9 +89,11 @@ static void issue_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r) {
     r->idx = cli->free_idx[--cli->n_free];
     cli->table[r->idx] = r;
     r->id = (uint64_t)++cli->gen << REQ_IDX_BITS | r->idx;
-    bool inline_ = RPC_HDR + r->len <= cli->req_inline;
-    r->stage = rpc_mem_alloc(RPC_HDR + (inline_ ? r->len : 0));
-    if (!r->stage) {
+    size_t total = rpc_parts_total(&r->msg);
+    size_t head = rpc_parts_head(&r->msg, cli->req_inline - RPC_HDR);
+    const void *bulk = head < total ? rpc_parts_bulk(&r->msg, head, &r->joined) : NULL;
+    r->stage = rpc_mem_alloc(RPC_HDR + head);
+    if (!r->stage || (head < total && !bulk)) {
         cli->table[r->idx] = NULL;
         cli->free_idx[cli->n_free++] = r->idx;
         r->id = 0;
@@ -99,14 +104,17 @@ static void issue_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r) {
     rpc_hdr_fill(h, RPC_REQUEST, cli->cid);
     h->method = r->method;
     h->req_id = r->id;
-    h->len = r->len;
+    h->len = total;
     h->slot = cli->slot_size;
-    if (!inline_) h->flags |= RPC_F_BULK;
-    else if (r->len) memcpy(r->stage + RPC_HDR, r->buf, r->len);
-    slime_status_t st = slime_send(cli->ep, r->stage, RPC_HDR + (inline_ ? r->len : 0),
-                                   rpc_tag(RPC_TAG_REQ, cli->port), &r->send_req);
-    if (st == SLIME_OK && !inline_)
-        st = slime_send(cli->ep, r->buf, r->len, rpc_bulk_tag(RPC_TAG_BULK_REQ, cli->cid, r->id), &r->bulk_send_req);
+    if (head < total) {
+        h->flags |= RPC_F_BULK;
+        h->head = (uint32_t)head;
+    }
+    rpc_parts_copy(&r->msg, r->stage + RPC_HDR, head);
+    slime_status_t st = slime_send(cli->ep, r->stage, RPC_HDR + head, rpc_tag(RPC_TAG_REQ, cli->port), &r->send_req);
+    if (st == SLIME_OK && bulk)
+        st = slime_send(cli->ep, bulk, total - head, rpc_bulk_tag(RPC_TAG_BULK_REQ, cli->cid, r->id),
+                        &r->bulk_send_req);
     if (st != SLIME_OK) {
         char why[200];
         snprintf(why, sizeof why, "%s", slime_last_error());
@@ -142,6 +150,7 @@ static void settle_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r) {
             r->result_mem = NULL;
             r->result = NULL;
             r->result_len = 0;
+            r->in_reply_buf = false;
         }
     }
     rreq_finish_locked(cli, r, st, text);
@@ -155,6 +164,17 @@ static void repost_locked(slime_rpc_client_t *cli, rpc_slot_t *slot) {
     /* else the endpoint is down: its other slots fail and break the channel */
 }
 
+/* Where r's reply of h->len bytes lands: the caller's buffer if it fits
+ * (and is no error text), else memory of the request's own. */
+static uint8_t *reply_memory(slime_rpc_req_t *r, const rpc_hdr_t *h) {
+    if (r->reply_buf && h->kind == RPC_REPLY && h->len <= r->reply_cap) {
+        r->in_reply_buf = true;
+        return r->reply_buf;
+    }
+    r->result_mem = rpc_mem_alloc(h->len);
+    return r->result_mem;
+}
+
 /* Under cli->mu: a reply header for the request it names. */
 static void on_reply_locked(slime_rpc_client_t *cli, const rpc_hdr_t *h, const uint8_t *payload) {
     uint32_t idx = (uint32_t)(h->req_id & ((1u << REQ_IDX_BITS) - 1));
@@ -164,28 +184,26 @@ static void on_reply_locked(slime_rpc_client_t *cli, const rpc_hdr_t *h, const u
     cli->free_idx[cli->n_free++] = idx; /* the server gave its slot back before replying */
     r->reply_got = true;
     r->remote_error = h->kind == RPC_ERROR;
-    if (h->flags & RPC_F_BULK) {
+    bool bulk = h->flags & RPC_F_BULK;
+    size_t head = bulk ? h->head : h->len;
+    uint8_t *mem = r->abandoned ? NULL : reply_memory(r, h);
+    if (mem && head) memcpy(mem, payload, head);
+    r->result = mem;
+    r->result_len = mem ? h->len : 0;
+    if (bulk) {
+        /* without memory (abandoned, or none left) a zero-byte receive
+         * takes the message and drops it */
         uint64_t tag = rpc_bulk_tag(RPC_TAG_BULK_REPLY, cli->cid, h->req_id);
-        /* abandoned: a zero-byte receive takes the message and drops it */
-        size_t cap = r->abandoned ? 0 : h->len;
-        r->result_mem = cap ? rpc_mem_alloc(cap) : NULL;
-        if (cap && !r->result_mem) cap = 0; /* dropped too; the request fails below */
-        slime_status_t st = slime_recv(cli->ep, r->result_mem, cap, tag, &r->bulk_recv_req);
+        slime_status_t st = slime_recv(cli->ep, mem ? mem + head : NULL, mem ? h->len - head : 0, tag,
+                                       &r->bulk_recv_req);
         if (st != SLIME_OK) {
             rreq_finish_locked(cli, r, st, "rpc: cannot receive the reply");
             return;
         }
-        r->result = r->result_mem;
-        r->result_len = cap;
-    } else if (!r->abandoned) {
-        r->result_mem = rpc_mem_alloc(h->len);
-        if (!r->result_mem) {
-            rreq_finish_locked(cli, r, SLIME_ERR_NOMEM, "rpc: out of memory for the reply");
-            return;
-        }
-        if (h->len) memcpy(r->result_mem, payload, h->len);
-        r->result = r->result_mem;
-        r->result_len = h->len;
+    }
+    if (!mem && !r->abandoned) {
+        rreq_finish_locked(cli, r, SLIME_ERR_NOMEM, "rpc: out of memory for the reply");
+        return;
     }
     settle_locked(cli, r);
 }
@@ -369,18 +387,22 @@ void slime_rpc_client_destroy(slime_rpc_client_t *cli) {
 
 /* ---- requests ---- */
 
-slime_status_t slime_rpc_call(slime_rpc_client_t *cli, uint64_t method_id, const void *buf, size_t len,
-                              slime_rpc_req_t **out) {
+slime_status_t slime_rpc_call_args(slime_rpc_client_t *cli, uint64_t method_id, const slime_rpc_call_args_t *a,
+                                   slime_rpc_req_t **out) {
     if (out) *out = NULL;
-    if (!cli || !out) return slime_errorf(SLIME_ERR_INVAL, "rpc_call: NULL %s", cli ? "out" : "client");
-    if (!buf && len) return slime_errorf(SLIME_ERR_INVAL, "rpc_call: NULL buffer of %zu bytes", len);
+    if (!cli || !out || !a) return slime_errorf(SLIME_ERR_INVAL, "rpc_call: NULL %s", !cli ? "client" : a ? "out" : "args");
+    if (a->size < sizeof *a) return slime_errorf(SLIME_ERR_INVAL, "rpc_call: args.size %zu, expected %zu", a->size, sizeof *a);
+    if ((!a->buf && a->len) || (!a->tail && a->tail_len) || (!a->reply_buf && a->reply_cap))
+        return slime_errorf(SLIME_ERR_INVAL, "rpc_call: a NULL buffer with a length");
+    if (a->len > SIZE_MAX - a->tail_len) return slime_errorf(SLIME_ERR_INVAL, "rpc_call: the payload's length overflows");
     slime_rpc_req_t *r = calloc(1, sizeof *r);
     if (!r) return slime_errorf(SLIME_ERR_NOMEM, "rpc_call: out of memory");
     r->cli = cli;
     list_init(&r->link);
     r->method = method_id;
-    r->buf = buf;
-    r->len = len;
+    r->msg = (rpc_parts_t){.buf = a->buf, .len = a->len, .tail = a->tail, .tail_len = a->tail_len};
+    r->reply_buf = a->reply_buf;
+    r->reply_cap = a->reply_cap;
     atomic_init(&r->state, SLIME_INPROGRESS);
     pthread_mutex_lock(&cli->mu);
     if (cli->broken != SLIME_OK) {
@@ -394,6 +416,16 @@ slime_status_t slime_rpc_call(slime_rpc_client_t *cli, uint64_t method_id, const
     pthread_mutex_unlock(&cli->mu);
     *out = r;
     return SLIME_OK;
+}
+
+slime_status_t slime_rpc_call(slime_rpc_client_t *cli, uint64_t method_id, const void *buf, size_t len,
+                              slime_rpc_req_t **out) {
+    slime_rpc_call_args_t a = {.size = sizeof a, .buf = buf, .len = len};
+    return slime_rpc_call_args(cli, method_id, &a, out);
+}
+
+bool slime_rpc_req_in_reply_buf(const slime_rpc_req_t *r) {
+    return r && rreq_final(r) && atomic_load(&r->state) == SLIME_OK && r->in_reply_buf;
 }
 
 /* Counts a waiter on r's client; NULL if r is final (or has no client). */

@@ -56,6 +56,11 @@ const rpc_hdr_t *rpc_slot_header(rpc_slot_t *slot, char *why, size_t whylen) {
                  (unsigned long long)h->len, got - RPC_HDR);
         return NULL;
     }
+    if ((h->flags & RPC_F_BULK) && (h->head != got - RPC_HDR || h->head > h->len)) {
+        snprintf(why, whylen, "a bulk payload of %llu bytes announces %u inline, the message has %zu",
+                 (unsigned long long)h->len, h->head, got - RPC_HDR);
+        return NULL;
+    }
     return h;
 }
 
@@ -117,4 +122,29 @@ void rpc_cid_free(uint32_t cid) {
     pthread_mutex_lock(&cid_mu);
     cid_used[cid / 64] &= ~(1ull << (cid % 64));
     pthread_mutex_unlock(&cid_mu);
+}
+
+size_t rpc_parts_head(const rpc_parts_t *p, size_t room) {
+    if (room > UINT32_MAX) room = UINT32_MAX; /* the header's head field */
+    if (rpc_parts_total(p) <= room) return rpc_parts_total(p);
+    return p->len <= room ? p->len : 0;
+}
+
+void rpc_parts_copy(const rpc_parts_t *p, uint8_t *dst, size_t n) {
+    size_t a = n < p->len ? n : p->len;
+    if (a) memcpy(dst, p->buf, a);
+    if (n > a) memcpy(dst + a, p->tail, n - a);
+}
+
+const void *rpc_parts_bulk(const rpc_parts_t *p, size_t head, void **joined) {
+    *joined = NULL;
+    if (head >= p->len) return (const uint8_t *)p->tail + (head - p->len);
+    if (!p->tail_len) return (const uint8_t *)p->buf + head;
+    size_t n = rpc_parts_total(p) - head;
+    uint8_t *j = rpc_mem_alloc(n);
+    if (!j) return NULL;
+    memcpy(j, (const uint8_t *)p->buf + head, p->len - head);
+    memcpy(j + (p->len - head), p->tail, p->tail_len);
+    *joined = j;
+    return j;
 }

@@ -40,7 +40,10 @@ enum rpc_kind {
     RPC_ERROR = 5,     /* a reply whose payload describes a failure */
 };
 
-#define RPC_F_BULK 0x1u /* the payload follows as a bulk transfer */
+/* The payload's bytes past the first `head` (which travel inline, after
+ * the header) follow as one bulk transfer: a large tensor moves from the
+ * sender's memory while the pickle around it rides in the mailbox. */
+#define RPC_F_BULK 0x1u
 
 /* Sits at the start of every mailbox message, the payload (if inline)
  * right after it. */
@@ -49,7 +52,10 @@ typedef struct rpc_hdr {
     uint16_t version;
     uint8_t kind, flags;
     uint32_t cid;      /* the client's id: its reply tag */
-    uint32_t credits;  /* HELLO: wanted; HELLO_ACK: granted */
+    union {
+        uint32_t credits;  /* HELLO: wanted; HELLO_ACK: granted */
+        uint32_t head;     /* REQUEST, REPLY with RPC_F_BULK: payload bytes inline */
+    };
     uint64_t method;   /* REQUEST: method id; HELLO, HELLO_ACK: service digest */
     uint64_t req_id;   /* HELLO and its answer: a nonce */
     uint64_t len;      /* payload bytes */
@@ -93,6 +99,24 @@ void *rpc_mem_alloc(size_t len);
  * hello of another version deserves an answer that says so). */
 const rpc_hdr_t *rpc_slot_header(rpc_slot_t *slot, char *why, size_t whylen);
 void rpc_hdr_fill(rpc_hdr_t *h, uint8_t kind, uint32_t cid);
+
+/* A payload in two parts, sent as their concatenation: how much of it
+ * rides inline (split), and the staging of the inline bytes. */
+typedef struct rpc_parts {
+    const void *buf, *tail;
+    size_t len, tail_len;
+} rpc_parts_t;
+static inline size_t rpc_parts_total(const rpc_parts_t *p) { return p->len + p->tail_len; }
+/* The bytes of p that go inline with a header into a slot of `room`
+ * bytes: all of them, or a head that leaves one contiguous bulk part
+ * (the tail, or when buf itself does not fit, everything: head 0). */
+size_t rpc_parts_head(const rpc_parts_t *p, size_t room);
+/* Copies p's bytes [0, n) to dst. */
+void rpc_parts_copy(const rpc_parts_t *p, uint8_t *dst, size_t n);
+/* The one contiguous buffer of p's bytes [head, total) when head is from
+ * rpc_parts_head, or NULL when they straddle the parts (then *joined is a
+ * copy, rpc_mem_alloc'd; NULL with *joined NULL: out of memory). */
+const void *rpc_parts_bulk(const rpc_parts_t *p, size_t head, void **joined);
 
 /* A send whose buffer the sender owns (malloc'd): reaped once complete. */
 typedef struct rpc_orphan {
@@ -153,6 +177,8 @@ struct slime_rpc_call {
     rpc_slot_t *slot;             /* the request's slot, NULL once released */
     uint8_t *data;
     size_t len;
+    uint32_t head;                /* bytes of a bulk payload that came inline */
+    uint8_t *prefix;              /* those bytes while the bulk waits (malloc'd) */
     void *owned;                  /* memory holding data if not the slot's */
     rpc_peer_t *peer;             /* while staged */
     slime_req_t *bulk_req;        /* the bulk payload arriving; NULL while
@@ -191,8 +217,11 @@ struct slime_rpc_req {
     slime_rpc_client_t *cli;      /* NULL once the client is destroyed */
     slime_list_t link;            /* cli->queued or cli->settling */
     uint64_t method;
-    const void *buf;
-    size_t len;
+    rpc_parts_t msg;
+    void *joined;                 /* msg's bulk bytes copied together, if they straddle */
+    void *reply_buf;              /* the caller's memory for the reply, if any */
+    size_t reply_cap;
+    bool in_reply_buf;            /* the reply landed there */
     uint32_t idx;
     uint64_t id;                  /* 0 until it has a credit */
     _Atomic int state;            /* SLIME_INPROGRESS, or the final status */

@@ -122,6 +122,7 @@ static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const r
 }
 
 static void call_free(slime_rpc_call_t *call) {
+    free(call->prefix);
     slime_rpc_mem_free(call->owned);
     slime_rpc_mem_free(call->reply_stage);
     slime_rpc_mem_free(call->reply_bulk);
@@ -194,7 +195,11 @@ static void bulk_admit_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
     if (p->unreceived && call->len > srv->bulk_budget - p->unreceived) return; /* later */
     uint64_t tag = rpc_bulk_tag(RPC_TAG_BULK_REQ, call->cid, call->req_id);
     call->owned = rpc_mem_alloc(call->len);
-    if (!call->owned || slime_recv(call->ep, call->owned, call->len, tag, &call->bulk_req) != SLIME_OK) {
+    if (call->owned && call->head) memcpy(call->owned, call->prefix, call->head);
+    free(call->prefix);
+    call->prefix = NULL;
+    if (!call->owned || slime_recv(call->ep, (uint8_t *)call->owned + call->head, call->len - call->head, tag,
+                                   &call->bulk_req) != SLIME_OK) {
         send_error_locked(srv, call->ep, call->cid, call->req_id, "the server cannot take a %zu-byte payload",
                           call->len);
         unstage_drop_locked(srv, call);
@@ -297,7 +302,18 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
         call->data = slot->buf + RPC_HDR;
         return call;
     }
-    /* the payload follows by bulk: its slot can go back at once */
+    /* the payload follows by bulk: its inline head is kept aside, and its
+     * slot can go back at once */
+    call->head = h->head;
+    call->prefix = call->head ? malloc(call->head) : NULL;
+    if (call->head && !call->prefix) {
+        send_error_locked(srv, ep, h->cid, h->req_id, "the server is out of memory");
+        slot_repost_locked(srv, slot);
+        srv_unref_locked(srv);
+        call_free(call);
+        return NULL;
+    }
+    if (call->head) memcpy(call->prefix, slot->buf + RPC_HDR, call->head);
     slot_repost_locked(srv, slot);
     bulk_stage_locked(srv, call);
     return NULL;
@@ -539,9 +555,6 @@ slime_status_t slime_rpc_call_reply_buffer(slime_rpc_call_t *call, size_t cap, v
     return *buf ? SLIME_OK : slime_errorf(SLIME_ERR_NOMEM, "rpc_call_reply_buffer: out of memory for %zu bytes", cap);
 }
 
-/* Finishes a call: gives its slot back, sends the answer (kind, payload
- * buf/len; buf is call->reply_stage + RPC_HDR or call->reply_bulk when
- * built in place), waits for it to leave, frees the call. */
 /* Gives the call's slot back to the mailbox (once). */
 static void release_slot(slime_rpc_call_t *call) {
     if (!call->slot) return;
@@ -551,50 +564,62 @@ static void release_slot(slime_rpc_call_t *call) {
     pthread_mutex_unlock(&call->srv->mu);
 }
 
-static slime_status_t call_finish(slime_rpc_call_t *call, uint8_t kind, const void *buf, size_t len,
-                                  int64_t timeout_ms) {
+/* The answer's header and inline bytes: the reply buffer itself when the
+ * reply was built there and rides inline, else a fresh copy (malloc'd). */
+static uint8_t *answer_stage(slime_rpc_call_t *call, const rpc_parts_t *m, size_t head) {
+    if (call->reply_stage && m->buf == call->reply_stage + RPC_HDR && head == rpc_parts_total(m)) {
+        uint8_t *stage = call->reply_stage;
+        call->reply_stage = NULL;
+        return stage;
+    }
+    uint8_t *stage = malloc(RPC_HDR + head);
+    if (stage) rpc_parts_copy(m, stage + RPC_HDR, head);
+    return stage;
+}
+
+/* Finishes a call: sends the answer (kind, payload m), waits for it to
+ * leave, gives the slot back, frees the call. */
+static slime_status_t call_finish(slime_rpc_call_t *call, uint8_t kind, const rpc_parts_t *m, int64_t timeout_ms) {
     slime_rpc_server_t *srv = call->srv;
+    size_t total = rpc_parts_total(m);
+    size_t room = call->reply_inline > RPC_HDR ? call->reply_inline - RPC_HDR : 0;
+    size_t head = rpc_parts_head(m, room);
     rpc_hdr_t h;
     rpc_hdr_fill(&h, kind, call->cid);
     h.req_id = call->req_id;
-    h.len = len;
-    bool in_stage = call->reply_stage && buf == call->reply_stage + RPC_HDR;
-    bool inline_ = RPC_HDR + len <= call->reply_inline;
-    uint8_t *stage = NULL;
-    if (inline_ && in_stage) {
-        stage = call->reply_stage;
-        call->reply_stage = NULL;
-    } else {
-        stage = malloc(RPC_HDR + (inline_ ? len : 0));
-        if (stage && inline_ && len) memcpy(stage + RPC_HDR, buf, len);
-    }
+    h.len = total;
     slime_status_t st = SLIME_OK;
     slime_req_t *reqs[2] = {NULL, NULL};
     void *bulk_owned = NULL;
-    if (!stage) {
-        st = slime_errorf(SLIME_ERR_NOMEM, "rpc reply: out of memory");
-        goto out;
-    }
-    if (!inline_) {
+    const void *bulk = NULL;
+    uint8_t *stage = answer_stage(call, m, head);
+    if (stage && head < total) {
         h.flags |= RPC_F_BULK;
-        if (call->reply_bulk && buf == call->reply_bulk) {
+        h.head = (uint32_t)head;
+        bulk = rpc_parts_bulk(m, head, &bulk_owned);
+        if (!bulk_owned && call->reply_bulk && bulk == call->reply_bulk) {
             bulk_owned = call->reply_bulk;
             call->reply_bulk = NULL;
         }
     }
+    if (!stage || (head < total && !bulk)) {
+        st = slime_errorf(SLIME_ERR_NOMEM, "rpc reply: out of memory");
+        goto out;
+    }
     memcpy(stage, &h, RPC_HDR);
-    /* An inline answer is copied by now (buf may lie in the request's own
+    /* An inline answer is copied by now (it may lie in the request's own
      * slot: an echo): the slot goes back before the reply leaves, so the
      * credit the reply returns finds it posted.  A bulk answer may be read
      * from the slot until it has left. */
-    if (inline_) release_slot(call);
+    if (!bulk) release_slot(call);
     uint64_t tag = rpc_tag(RPC_TAG_REPLY, call->cid);
-    st = slime_send(call->ep, stage, RPC_HDR + (inline_ ? len : 0), tag, &reqs[0]);
-    if (st == SLIME_OK && !inline_)
-        st = slime_send(call->ep, buf, len, rpc_bulk_tag(RPC_TAG_BULK_REPLY, call->cid, call->req_id), &reqs[1]);
-    if (st == SLIME_OK) st = slime_req_wait_all(reqs, inline_ ? 1 : 2, timeout_ms);
-    if (st == SLIME_ERR_TIMEOUT && reqs[1] && call->slot && (const uint8_t *)buf >= call->slot->buf &&
-        (const uint8_t *)buf < call->slot->buf + srv->opts.slot_size) {
+    st = slime_send(call->ep, stage, RPC_HDR + head, tag, &reqs[0]);
+    if (st == SLIME_OK && bulk)
+        st = slime_send(call->ep, bulk, total - head, rpc_bulk_tag(RPC_TAG_BULK_REPLY, call->cid, call->req_id),
+                        &reqs[1]);
+    if (st == SLIME_OK) st = slime_req_wait_all(reqs, bulk ? 2 : 1, timeout_ms);
+    if (st == SLIME_ERR_TIMEOUT && reqs[1] && !bulk_owned && call->slot && (const uint8_t *)bulk >= call->slot->buf &&
+        (const uint8_t *)bulk < call->slot->buf + srv->opts.slot_size) {
         /* the bulk may still read the slot's buffer: it goes with the
          * orphans below, and the slot gets a new one */
         void *mem = NULL;
@@ -627,20 +652,29 @@ out:
     return st;
 }
 
-static slime_status_t finish_checked(slime_rpc_call_t *call, uint8_t kind, const void *buf, size_t len,
+static slime_status_t finish_checked(slime_rpc_call_t *call, uint8_t kind, const rpc_parts_t *m,
                                      int64_t timeout_ms, const char *what) {
     if (!call) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL call", what);
-    if (!buf && len) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL buffer of %zu bytes", what, len);
+    if ((!m->buf && m->len) || (!m->tail && m->tail_len) || m->len > SIZE_MAX - m->tail_len)
+        return slime_errorf(SLIME_ERR_INVAL, "%s: a NULL buffer with a length, or too long", what);
     if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "%s: negative timeout", what);
-    return call_finish(call, kind, buf, len, timeout_ms);
+    return call_finish(call, kind, m, timeout_ms);
 }
 
 slime_status_t slime_rpc_call_reply(slime_rpc_call_t *call, const void *buf, size_t len, int64_t timeout_ms) {
-    return finish_checked(call, RPC_REPLY, buf, len, timeout_ms, "rpc_call_reply");
+    rpc_parts_t m = {.buf = buf, .len = len};
+    return finish_checked(call, RPC_REPLY, &m, timeout_ms, "rpc_call_reply");
+}
+
+slime_status_t slime_rpc_call_reply_parts(slime_rpc_call_t *call, const void *buf, size_t len, const void *tail,
+                                          size_t tail_len, int64_t timeout_ms) {
+    rpc_parts_t m = {.buf = buf, .len = len, .tail = tail, .tail_len = tail_len};
+    return finish_checked(call, RPC_REPLY, &m, timeout_ms, "rpc_call_reply_parts");
 }
 
 slime_status_t slime_rpc_call_fail(slime_rpc_call_t *call, const void *buf, size_t len, int64_t timeout_ms) {
-    return finish_checked(call, RPC_ERROR, buf, len, timeout_ms, "rpc_call_fail");
+    rpc_parts_t m = {.buf = buf, .len = len};
+    return finish_checked(call, RPC_ERROR, &m, timeout_ms, "rpc_call_fail");
 }
 
 slime_status_t slime_rpc_call_reply_commit(slime_rpc_call_t *call, size_t len, int64_t timeout_ms) {
@@ -650,9 +684,9 @@ slime_status_t slime_rpc_call_reply_commit(slime_rpc_call_t *call, size_t len, i
     if (len > call->reply_cap)
         return slime_errorf(SLIME_ERR_INVAL, "rpc_call_reply_commit: %zu bytes in a %zu-byte buffer", len,
                             call->reply_cap);
-    const void *buf = call->reply_stage ? call->reply_stage + RPC_HDR : call->reply_bulk;
+    rpc_parts_t m = {.buf = call->reply_stage ? call->reply_stage + RPC_HDR : call->reply_bulk, .len = len};
     if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "rpc_call_reply_commit: negative timeout");
-    return call_finish(call, RPC_REPLY, buf, len, timeout_ms);
+    return call_finish(call, RPC_REPLY, &m, timeout_ms);
 }
 
 void slime_rpc_call_drop(slime_rpc_call_t *call) {

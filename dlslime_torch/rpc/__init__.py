@@ -16,6 +16,7 @@
     # client
     p = rpc.proxy(1, Echo)                 # or rpc.proxy("server", Echo)
     p.add(torch.ones(4), 2).wait(timeout=5)
+    p.echo(b"abc", out=buf).wait()        # the reply lands in buf: a view of it
 
 A generator method (def or async def with yield) is a stream: the caller
 iterates its items as they come, `for x in p.gen(n)` or `async for`, with
@@ -36,11 +37,11 @@ payloads move by a bulk transfer on the same endpoint.
 """
 
 from .client import Future, Proxy, proxy, wait_all
-from .errors import RemoteRpcError, RpcError, RpcTimeoutError
+from .errors import RemoteRpcError, ReplyTooLargeError, RpcError, RpcTimeoutError
 from .peers import Job, init, shutdown
 from .server import Server, serve, serve_once
 from .service import method
 from .stream import Stream
 
 __all__ = ["method", "serve", "serve_once", "Server", "proxy", "Proxy", "Future", "Stream", "wait_all",
-           "init", "shutdown", "Job", "RpcError", "RpcTimeoutError", "RemoteRpcError"]
+           "init", "shutdown", "Job", "RpcError", "RpcTimeoutError", "RemoteRpcError", "ReplyTooLargeError"]

@@ -5,10 +5,11 @@ import time
 
 from .. import _C
 from . import codec, peers, stream
-from .errors import RpcError, RpcTimeoutError, decode_remote
+from .errors import ReplyTooLargeError, RpcError, RpcTimeoutError, decode_remote
 from .service import KIND_DEFAULT, KIND_STREAM, spec_of
 
 DEFAULT_TIMEOUT = 30.0
+AWAIT_SPIN_S = 0.0005   # how long `await future` polls before it waits in a thread
 
 
 def _ms(timeout):
@@ -20,10 +21,10 @@ class Future:
     (RemoteRpcError, RpcTimeoutError, RpcError); `await future` works in
     asyncio (the wait runs in the loop's default executor)."""
 
-    __slots__ = ("_req", "_kind", "_timeout", "_done", "_result", "_error", "_scratch",
+    __slots__ = ("_req", "_kind", "_timeout", "_done", "_result", "_error", "_scratch", "_out",
                  "__weakref__")
 
-    def __init__(self, req, kind, timeout, scratch=None):
+    def __init__(self, req, kind, timeout, scratch=None, out=None):
         self._req = req
         self._kind = kind
         self._timeout = timeout
@@ -31,6 +32,7 @@ class Future:
         self._result = None
         self._error = None
         self._scratch = scratch   # the request's buffer, reused once it has left
+        self._out = out           # the caller's buffer for the reply
 
     def _finish(self, remote_error):
         req = self._req
@@ -39,6 +41,8 @@ class Future:
             self._scratch = None
         if remote_error:
             self._error = decode_remote(memoryview(req))
+        elif self._out is not None:
+            self._finish_out(req)
         elif self._kind == KIND_DEFAULT:
             try:
                 self._result = codec.decode(req)
@@ -47,6 +51,16 @@ class Future:
         else:
             self._result = memoryview(req)
         self._done = True
+
+    def _finish_out(self, req):
+        reply = memoryview(req)
+        if req.in_out:
+            n = len(reply)
+            reply.release()
+            self._result = memoryview(self._out).cast("B")[:n]
+        else:   # kept, not lost: the error carries it
+            self._error = ReplyTooLargeError(len(reply), memoryview(self._out).nbytes, reply)
+        self._out = None
 
     def wait(self, timeout=None):
         if not self._done:
@@ -76,8 +90,17 @@ class Future:
         return self._done or self._req.test()
 
     def __await__(self):
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(None, self.wait).__await__()
+        return self._wait_async().__await__()
+
+    async def _wait_async(self):
+        # a short call completes while the loop polls it, with no hand-off
+        # to a thread; a longer one is waited for in the loop's executor
+        spin_until = time.perf_counter() + AWAIT_SPIN_S
+        while not self._done and not self._req.test():
+            if time.perf_counter() > spin_until:
+                return await asyncio.get_running_loop().run_in_executor(None, self.wait)
+            await asyncio.sleep(0)
+        return self.wait()
 
 
 def wait_all(futures, timeout=None):
@@ -103,23 +126,25 @@ class _Method:
 
     def __call__(self, *args, **kwargs):
         p = self._proxy
-        scratch = None
+        scratch = tail = out = None
         if self._kind == KIND_DEFAULT:
-            scratch, payload = codec.Encoded((args, kwargs)).to_scratch()
+            scratch, payload, tail = codec.Encoded((args, kwargs)).to_scratch()
         else:
+            out = kwargs.pop("out", None)
             if len(args) != 1 or kwargs:
-                raise TypeError(f"{self.__name__} is a raw method: call it with one bytes-like argument")
+                raise TypeError(f"{self.__name__} is a raw method: call it with one bytes-like argument "
+                                "(and out=, a writable buffer for the reply)")
             payload = args[0]
         client = p._client
         if client is None:
             raise RpcError("rpc: the proxy is closed")
         try:
-            req = client.call(self._id, payload)
+            req = client.call(self._id, payload, tail, out)
         except _C.SlimePeerLostError as exc:
             raise RpcError(f"rpc: the server is gone: {exc}") from exc
         except _C.SlimeError as exc:
             raise RpcError(f"rpc call failed: {exc}") from exc
-        return Future(req, self._kind, p.timeout, scratch)
+        return Future(req, self._kind, p.timeout, scratch, out)
 
 
 class Proxy:
@@ -144,6 +169,7 @@ class Proxy:
         for name, (mid, kind, _) in self.spec.methods.items():
             make = stream.StreamMethod if kind == KIND_STREAM else _Method
             setattr(self, name, make(self, name, mid, kind))
+        codec.warm_up()
         self.job.track(self)
 
     def close(self):

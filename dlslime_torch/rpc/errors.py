@@ -9,6 +9,19 @@ class RpcTimeoutError(RpcError, TimeoutError):
     """A call did not complete in time; its late reply will be dropped."""
 
 
+class ReplyTooLargeError(RpcError):
+    """A raw call's reply did not fit the out= buffer given for it.  The
+    reply is not lost: `reply` is a memoryview of it (in memory of its
+    own), `size` its length and `capacity` the buffer's."""
+
+    def __init__(self, size, capacity, reply):
+        self.size = size
+        self.capacity = capacity
+        self.reply = reply
+        super().__init__(f"rpc: the {size}-byte reply does not fit the {capacity}-byte out= buffer "
+                         "(it is kept in this error's .reply)")
+
+
 class RemoteRpcError(RpcError):
     """The remote handler raised.  remote_type, remote_message and
     remote_traceback describe the exception on the server."""

@@ -50,7 +50,7 @@ extern "C" {
 /* Tags in [SLIME_RPC_TAG_SPACE, 2^64) belong to RPC. */
 #define SLIME_RPC_TAG_SPACE (0xffffull << 48)
 /* Version of the RPC header; a peer with another one is refused. */
-#define SLIME_RPC_VERSION 1
+#define SLIME_RPC_VERSION 2
 /* Smallest slot: room for a header and short error texts. */
 #define SLIME_RPC_SLOT_MIN 1024
 /* Most requests one client may have in flight. */
@@ -135,6 +135,10 @@ SLIME_API slime_status_t slime_rpc_call_reply_buffer(slime_rpc_call_t *call, siz
                                                      void **buf);
 SLIME_API slime_status_t slime_rpc_call_reply_commit(slime_rpc_call_t *call, size_t len,
                                                      int64_t timeout_ms);
+/* slime_rpc_call_reply of the concatenation buf[0..len) tail[0..tail_len),
+ * the tail sent from its memory when the reply goes by bulk. */
+SLIME_API slime_status_t slime_rpc_call_reply_parts(slime_rpc_call_t *call, const void *buf, size_t len,
+                                                    const void *tail, size_t tail_len, int64_t timeout_ms);
 /* Answers with an error: the client's request completes with
  * slime_rpc_req_remote_error() true and this payload as its data. */
 SLIME_API slime_status_t slime_rpc_call_fail(slime_rpc_call_t *call, const void *buf,
@@ -171,6 +175,28 @@ SLIME_API uint32_t slime_rpc_client_credits(const slime_rpc_client_t *cli);
 SLIME_API slime_status_t slime_rpc_call(slime_rpc_client_t *cli, uint64_t method_id,
                                         const void *buf, size_t len,
                                         slime_rpc_req_t **out);
+/* A call's payload and where its reply goes (slime_rpc_call_args). */
+typedef struct slime_rpc_call_args {
+    size_t size;            /* sizeof(slime_rpc_call_args_t): the struct may grow */
+    const void *buf;        /* the payload is buf[0..len) followed by tail[0..tail_len) */
+    size_t len;
+    const void *tail;       /* sent from this memory, not copied, when the payload is too */
+    size_t tail_len;        /* large for a slot: a message's large tensor, say */
+    void *reply_buf;        /* NULL, or where the reply lands (no memory allocated for it); */
+    size_t reply_cap;       /* a longer reply, or an error, lands in the request's own memory */
+} slime_rpc_call_args_t;
+
+/* slime_rpc_call with a payload in two parts and, optionally, the
+ * caller's memory for the reply.  buf, tail and reply_buf must stay valid
+ * until the request completes; a request freed while pending may still
+ * write reply_buf until the context is destroyed (see slime_rpc_req_free). */
+SLIME_API slime_status_t slime_rpc_call_args(slime_rpc_client_t *cli, uint64_t method_id,
+                                             const slime_rpc_call_args_t *args,
+                                             slime_rpc_req_t **out);
+/* Whether the completed request's reply landed in its reply_buf (false
+ * without one, for an error, or for a reply longer than reply_cap:
+ * slime_rpc_req_data then points into the request's own memory). */
+SLIME_API bool slime_rpc_req_in_reply_buf(const slime_rpc_req_t *req);
 /* SLIME_INPROGRESS or the final status (drives the channel once). */
 SLIME_API slime_status_t slime_rpc_req_test(slime_rpc_req_t *req);
 /* Waits up to timeout_ms: SLIME_OK (a reply or a remote error came),
