@@ -151,6 +151,12 @@ static void case_onesided_into_stopped(h_rank_t *r)
     slime_mr_desc_t remote = h_recv_desc(r, VICTIM);
     slime_mr_t *mr = h_mr_reg(r->ctx, buf, len, SLIME_ACCESS_ALL);
     slime_req_t *req = NULL;
+    /* a first read while the victim runs: verbs asks a region's owner for
+     * its key once (verbs_rkeys.c), and only later reads are the device's
+     * alone */
+    H_CHECK_OK(slime_read(r->ep[VICTIM], mr, 0, &remote, 0, len, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    memset(buf, 0, len);
     int64_t stopped_at = h_now_ms();
     stop_victim(r);
     H_CHECK_OK(slime_read(r->ep[VICTIM], mr, 0, &remote, 0, len, &req));

@@ -22,6 +22,11 @@ if [ -n "${DLSLIME_VM_OUT:-}" ]; then
     # test_verbs_linkdown takes veth1 down and up again
     export DLSLIME_TEST_NETDEV=veth1
     export DLSLIME_VERBS_DEVICES=${DLSLIME_VERBS_DEVICES:-rxe0,rxe1}
+    # The emulated CPU (QEMU TCG) runs 10-50x slower than the host: a live
+    # peer's answer to a liveness ping can take longer than the host's
+    # one-second limit.  test_faults sets its own limit, and still checks
+    # that a stopped peer is found.
+    export DLSLIME_PEER_SILENCE_MS=${DLSLIME_PEER_SILENCE_MS:-30000}
 fi
 
 echo "==== verbs: devices"
