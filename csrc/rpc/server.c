@@ -142,6 +142,7 @@ static void peer_free(rpc_peer_t *p) {
  * message; NULL without memory.  The latest to send moves to the front:
  * a busy peer is found at once among many idle ones. */
 static rpc_peer_t *peer_get_locked(slime_rpc_server_t *srv, slime_ep_t *ep) {
+    if (!ep) return NULL;
     rpc_peer_t *p = NULL;
     for (slime_list_t *pos = srv->peers.next; pos != &srv->peers && !p; pos = pos->next)
         if (container_of(pos, rpc_peer_t, link)->ep == ep) p = container_of(pos, rpc_peer_t, link);
