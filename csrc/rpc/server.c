@@ -58,8 +58,7 @@ static slime_status_t slot_add_locked(slime_rpc_server_t *srv) {
 
 /* A header (and a short text payload) to a client's reply mailbox,
  * whose completion nobody waits for. */
-static void send_small(slime_ep_t *ep, const rpc_hdr_t *h, const char *text,
-                              size_t text_len) {
+static void send_small(slime_ep_t *ep, const rpc_hdr_t *h, const char *text, size_t text_len) {
     uint8_t *buf = malloc(RPC_HDR + text_len);
     if (!buf) return; /* the client times out */
     memcpy(buf, h, RPC_HDR);
@@ -75,10 +74,9 @@ static void send_small(slime_ep_t *ep, const rpc_hdr_t *h, const char *text,
 
 /* An error payload: "Type\0message\0traceback", as the Python layer
  * writes them.  The C layer's own errors are RpcError with no traceback. */
-static void send_error(slime_ep_t *ep, uint32_t cid, uint64_t req_id,
-                              const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void send_error(slime_ep_t *ep, uint32_t cid, uint64_t req_id,
-                              const char *fmt, ...) {
+static void send_error(slime_ep_t *ep, uint32_t cid, uint64_t req_id, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void send_error(slime_ep_t *ep, uint32_t cid, uint64_t req_id, const char *fmt, ...) {
     char text[400];
     int n = snprintf(text, sizeof text, "RpcError");
     va_list ap;
@@ -96,14 +94,14 @@ static void send_error(slime_ep_t *ep, uint32_t cid, uint64_t req_id,
 static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const rpc_hdr_t *in) {
     if (in->version != SLIME_RPC_VERSION) {
         send_error(ep, in->cid, in->req_id, "RPC version mismatch: the client speaks %u, the server %u",
-                          in->version, SLIME_RPC_VERSION);
+                   in->version, SLIME_RPC_VERSION);
         return;
     }
     if (in->method != srv->digest) {
         send_error(ep, in->cid, in->req_id,
-                          "service definition mismatch at port %u: the client's digest is %016" PRIx64
-                          ", the server's %016" PRIx64 " (method names or kinds differ)",
-                          srv->port, in->method, srv->digest);
+                   "service definition mismatch at port %u: the client's digest is %016" PRIx64
+                   ", the server's %016" PRIx64 " (method names or kinds differ)",
+                   srv->port, in->method, srv->digest);
         return;
     }
     uint32_t credits = in->credits < srv->opts.credits ? in->credits : srv->opts.credits;
@@ -235,7 +233,7 @@ static void bulk_admit_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
     if (!call->owned || slime_recv(call->ep, (uint8_t *)call->owned + call->head, call->len - call->head, tag,
                                    &call->bulk_req) != SLIME_OK) {
         send_error(call->ep, call->cid, call->req_id, "the server cannot take a %zu-byte payload",
-                          call->len);
+                   call->len);
         unstage_drop_locked(srv, call);
         return;
     }
@@ -290,7 +288,8 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     const rpc_hdr_t *h = rpc_slot_header(slot, why, sizeof why);
     slime_ep_t *ep = slime_req_ep(slot->req);
     rpc_peer_t *peer = peer_get_locked(srv, ep);
-    if (!h || !peer) { /* not ours to answer (or no memory to): nothing tells us where a reply would go */
+    /* not ours to answer (or no memory to): nothing tells us where a reply would go */
+    if (!h || !peer) {
         slot_repost_locked(srv, slot);
         return NULL;
     }
@@ -306,8 +305,8 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     }
     if (!method_known(srv, h->method)) {
         send_error(ep, h->cid, h->req_id,
-                          "unknown method id %016" PRIx64 " at port %u: not a method of the service served here",
-                          h->method, srv->port);
+                   "unknown method id %016" PRIx64 " at port %u: not a method of the service served here",
+                   h->method, srv->port);
         slot_repost_locked(srv, slot);
         return NULL;
     }
