@@ -29,10 +29,9 @@ static void rreq_destroy(slime_rpc_req_t *r) {
     free(r);
 }
 
-/* Under cli->mu: hands a transfer and its buffer to the orphans. */
-static void drop_sub(slime_rpc_client_t *cli, slime_req_t **req, void *buf) {
-    if (*req) rpc_orphan_add(&cli->orphans, *req, buf);
-    else slime_rpc_mem_free(buf);
+/* A transfer nobody waits for: it and its buffer are freed once done. */
+static void drop_sub(slime_req_t **req, void *buf) {
+    rpc_orphan_add(*req, buf);
     *req = NULL;
 }
 
@@ -44,12 +43,12 @@ static void rreq_finish_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r, slim
          * credit is gone with it */
         cli->table[r->idx] = NULL;
     }
-    drop_sub(cli, &r->send_req, r->stage);
+    drop_sub(&r->send_req, r->stage);
     r->stage = NULL;
-    drop_sub(cli, &r->bulk_send_req, r->joined);
+    drop_sub(&r->bulk_send_req, r->joined);
     r->joined = NULL;
     if (r->bulk_recv_req) {
-        drop_sub(cli, &r->bulk_recv_req, r->result_mem);
+        drop_sub(&r->bulk_recv_req, r->result_mem);
         r->result_mem = NULL;
         r->result = NULL;
         r->result_len = 0;
@@ -234,7 +233,6 @@ static void drain_locked(slime_rpc_client_t *cli) {
         slime_rpc_req_t *r = container_of(pos, slime_rpc_req_t, link);
         settle_locked(cli, r);
     }
-    rpc_orphans_reap(&cli->orphans, false);
     issue_queued_locked(cli);
 }
 
@@ -256,7 +254,7 @@ static slime_status_t hello(slime_rpc_client_t *cli, int64_t timeout_ms) {
         slime_rpc_mem_free(h);
         return st;
     }
-    rpc_orphan_add(&cli->orphans, send, h); /* reaped when sent */
+    rpc_orphan_add(send, h); /* freed once sent */
     for (;;) {
         rpc_slot_t *head = list_first(&cli->posted, rpc_slot_t, link);
         if (!head) return slime_errorf(SLIME_ERR_PEER_LOST, "rpc_client_create: the endpoint is down");
@@ -303,7 +301,6 @@ static slime_status_t hello(slime_rpc_client_t *cli, int64_t timeout_ms) {
 
 static void client_free(slime_rpc_client_t *cli) {
     for (uint32_t i = 0; i < cli->n_slots; i++) rpc_slot_free(cli->slots[i]);
-    rpc_orphans_reap(&cli->orphans, true);
     if (cli->cid) rpc_cid_free(cli->cid);
     pthread_mutex_destroy(&cli->mu);
     free(cli->slots);
@@ -338,7 +335,6 @@ slime_status_t slime_rpc_client_create(slime_ctx_t *ctx, slime_ep_t *ep, uint16_
     list_init(&cli->posted);
     list_init(&cli->queued);
     list_init(&cli->settling);
-    list_init(&cli->orphans);
     atomic_init(&cli->waiters, 0);
     slime_status_t st = rpc_cid_alloc(&cli->cid);
     cli->slots = calloc(o.credits, sizeof *cli->slots);

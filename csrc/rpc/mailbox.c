@@ -64,36 +64,20 @@ const rpc_hdr_t *rpc_slot_header(rpc_slot_t *slot, char *why, size_t whylen) {
     return h;
 }
 
-void rpc_orphan_add(slime_list_t *list, slime_req_t *req, void *buf) {
-    if (!req || slime_req_test(req) != SLIME_INPROGRESS) {
-        slime_req_free(req);
+/* Runs once the core is done with an orphan's request: completed,
+ * failed with its endpoint, or at the context's destroy. */
+static void orphan_done(slime_req_t *req, void *buf) {
+    slime_rpc_mem_free(buf);
+    slime_req_free(req);
+}
+
+void rpc_orphan_add(slime_req_t *req, void *buf) {
+    if (!req) {
         slime_rpc_mem_free(buf);
         return;
     }
-    rpc_orphan_t *o = malloc(sizeof *o);
-    if (!o) {
-        /* no way to track it: let the core free the request; the buffer
-         * must outlive the send, so it leaks */
-        slime_req_free(req);
-        return;
-    }
-    o->req = req;
-    o->buf = buf;
-    list_push_back(list, &o->link);
-}
-
-void rpc_orphans_reap(slime_list_t *list, bool all) {
-    slime_list_t *pos, *tmp;
-    list_for_each_safe(pos, tmp, list) {
-        rpc_orphan_t *o = container_of(pos, rpc_orphan_t, link);
-        bool done = req_done(o->req);
-        if (!done && !all) continue;
-        if (!done) done = slime_req_cancel(o->req) == SLIME_OK; /* a receive not matched yet */
-        list_del(&o->link);
-        slime_req_free(o->req); /* detaches a pending send */
-        if (done) slime_rpc_mem_free(o->buf);
-        free(o);
-    }
+    /* ours never carry a callback of their own, so this cannot refuse */
+    if (slime_req_on_complete(req, orphan_done, buf) != SLIME_OK) slime_req_free(req);
 }
 
 /* ---- client ids ---- */

@@ -118,29 +118,25 @@ void rpc_parts_copy(const rpc_parts_t *p, uint8_t *dst, size_t n);
  * copy, rpc_mem_alloc'd; NULL with *joined NULL: out of memory). */
 const void *rpc_parts_bulk(const rpc_parts_t *p, size_t head, void **joined);
 
-/* A send whose buffer the sender owns (malloc'd): reaped once complete. */
-typedef struct rpc_orphan {
-    slime_list_t link;
-    slime_req_t *req;
-    void *buf;
-} rpc_orphan_t;
-/* Keeps (req, buf) on list until req completes; frees buf at once if
- * the request is already done.  Under the owner's lock. */
-void rpc_orphan_add(slime_list_t *list, slime_req_t *req, void *buf);
-/* Frees the completed ones; with all, detaches pending ones (their
- * buffers leak: the core may still read them). */
-void rpc_orphans_reap(slime_list_t *list, bool all);
+/* A transfer nobody waits for, whose buffer (slime_rpc_mem_free'd)
+ * we own: both are freed from the request's completion callback, when
+ * the core is done with them, whether their owner still lives or not. */
+void rpc_orphan_add(slime_req_t *req, void *buf);
 
 /* Client ids: unique among the live clients of this process. */
 slime_status_t rpc_cid_alloc(uint32_t *cid);
 void rpc_cid_free(uint32_t cid);
 
 /* ---- server ---- */
-/* A client endpoint's bulk payloads at the server: the bytes it announced
- * that have not arrived stay within the server's budget. */
+/* A client endpoint at the server, from its first message until it is
+ * gone and none of its calls is left: the server keeps a reference on
+ * the endpoint meanwhile (a call's reply may still be sent to it), then
+ * lets the core free it.  The bytes of its bulk payloads announced that
+ * have not arrived stay within the server's budget. */
 typedef struct rpc_peer {
     slime_list_t link;            /* srv->peers */
     slime_ep_t *ep;
+    uint32_t calls;               /* its calls not finished, staged ones included */
     uint64_t unreceived;          /* bytes of its bulk receives posted, not complete */
     uint32_t staged;              /* its calls in srv->staged */
 } rpc_peer_t;
@@ -158,9 +154,8 @@ struct slime_rpc_server {
     uint64_t granted;             /* credits granted so far */
     slime_list_t staged;          /* calls whose bulk payload is arriving, or
                                      waits for its peer's budget */
-    slime_list_t peers;           /* rpc_peer_t: those with staged calls */
+    slime_list_t peers;           /* rpc_peer_t, the latest to send first */
     uint64_t bulk_budget;         /* DLSLIME_RPC_BULK_BUDGET */
-    slime_list_t orphans;         /* hello answers and error replies in flight */
     _Atomic bool closing;
     _Atomic int waiters;          /* threads inside slime_rpc_server_next */
     int refs;                     /* 1 for the server + 1 per unfinished call */
@@ -180,7 +175,7 @@ struct slime_rpc_call {
     uint32_t head;                /* bytes of a bulk payload that came inline */
     uint8_t *prefix;              /* those bytes while the bulk waits (malloc'd) */
     void *owned;                  /* memory holding data if not the slot's */
-    rpc_peer_t *peer;             /* while staged */
+    rpc_peer_t *peer;             /* its endpoint's entry */
     slime_req_t *bulk_req;        /* the bulk payload arriving; NULL while
                                      it waits for the peer's budget */
     uint8_t *reply_stage;         /* reply_buffer: header + inline room */
@@ -207,7 +202,6 @@ struct slime_rpc_client {
     uint32_t gen;
     slime_list_t queued;          /* requests waiting for a credit */
     slime_list_t settling;        /* replied, their transfers finishing */
-    slime_list_t orphans;         /* buffers of transfers nobody waits for */
     slime_status_t broken;        /* SLIME_OK until the channel fails */
     char broken_text[256];
     _Atomic int waiters;          /* threads waiting on its requests */

@@ -56,10 +56,9 @@ static slime_status_t slot_add_locked(slime_rpc_server_t *srv) {
     return SLIME_OK;
 }
 
-/* Under srv->mu: a header (and a short text payload) to a client's reply
- * mailbox, whose completion nobody waits for. */
-static void send_small_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const rpc_hdr_t *h, const char *text,
-                              size_t text_len) {
+/* A header (and a short text payload) to a client's reply mailbox,
+ * whose completion nobody waits for. */
+static void send_small(slime_ep_t *ep, const rpc_hdr_t *h, const char *text, size_t text_len) {
     uint8_t *buf = malloc(RPC_HDR + text_len);
     if (!buf) return; /* the client times out */
     memcpy(buf, h, RPC_HDR);
@@ -70,15 +69,14 @@ static void send_small_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const rpc
         free(buf);
         return;
     }
-    rpc_orphan_add(&srv->orphans, req, buf);
+    rpc_orphan_add(req, buf);
 }
 
 /* An error payload: "Type\0message\0traceback", as the Python layer
  * writes them.  The C layer's own errors are RpcError with no traceback. */
-static void send_error_locked(slime_rpc_server_t *srv, slime_ep_t *ep, uint32_t cid, uint64_t req_id,
-                              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static void send_error_locked(slime_rpc_server_t *srv, slime_ep_t *ep, uint32_t cid, uint64_t req_id,
-                              const char *fmt, ...) {
+static void send_error(slime_ep_t *ep, uint32_t cid, uint64_t req_id, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void send_error(slime_ep_t *ep, uint32_t cid, uint64_t req_id, const char *fmt, ...) {
     char text[400];
     int n = snprintf(text, sizeof text, "RpcError");
     va_list ap;
@@ -90,20 +88,20 @@ static void send_error_locked(slime_rpc_server_t *srv, slime_ep_t *ep, uint32_t 
     rpc_hdr_t h;
     rpc_hdr_fill(&h, RPC_ERROR, cid);
     h.req_id = req_id;
-    send_small_locked(srv, ep, &h, text, (size_t)n + 1);
+    send_small(ep, &h, text, (size_t)n + 1);
 }
 
 static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const rpc_hdr_t *in) {
     if (in->version != SLIME_RPC_VERSION) {
-        send_error_locked(srv, ep, in->cid, in->req_id, "RPC version mismatch: the client speaks %u, the server %u",
-                          in->version, SLIME_RPC_VERSION);
+        send_error(ep, in->cid, in->req_id, "RPC version mismatch: the client speaks %u, the server %u",
+                   in->version, SLIME_RPC_VERSION);
         return;
     }
     if (in->method != srv->digest) {
-        send_error_locked(srv, ep, in->cid, in->req_id,
-                          "service definition mismatch at port %u: the client's digest is %016" PRIx64
-                          ", the server's %016" PRIx64 " (method names or kinds differ)",
-                          srv->port, in->method, srv->digest);
+        send_error(ep, in->cid, in->req_id,
+                   "service definition mismatch at port %u: the client's digest is %016" PRIx64
+                   ", the server's %016" PRIx64 " (method names or kinds differ)",
+                   srv->port, in->method, srv->digest);
         return;
     }
     uint32_t credits = in->credits < srv->opts.credits ? in->credits : srv->opts.credits;
@@ -118,7 +116,7 @@ static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const r
     h.method = srv->digest;
     h.req_id = in->req_id;
     h.slot = srv->opts.slot_size;
-    send_small_locked(srv, ep, &h, NULL, 0);
+    send_small(ep, &h, NULL, 0);
 }
 
 static void call_free(slime_rpc_call_t *call) {
@@ -132,8 +130,59 @@ static void call_free(slime_rpc_call_t *call) {
 /* Under srv->mu; drops a reference; returns whether it was the last. */
 static bool srv_unref_locked(slime_rpc_server_t *srv) { return --srv->refs == 0; }
 
+static void peer_free(rpc_peer_t *p) {
+    list_del(&p->link);
+    ep_unref(p->ep); /* safe after the context's destroy too */
+    free(p);
+}
+
+/* Under srv->mu: ep's entry, made (with a reference on ep) on its first
+ * message; NULL without memory.  The latest to send moves to the front:
+ * a busy peer is found at once among many idle ones. */
+static rpc_peer_t *peer_get_locked(slime_rpc_server_t *srv, slime_ep_t *ep) {
+    if (!ep) return NULL;
+    rpc_peer_t *p = NULL;
+    for (slime_list_t *pos = srv->peers.next; pos != &srv->peers && !p; pos = pos->next)
+        if (container_of(pos, rpc_peer_t, link)->ep == ep) p = container_of(pos, rpc_peer_t, link);
+    if (p) {
+        list_del(&p->link);
+    } else {
+        p = calloc(1, sizeof *p);
+        if (!p) return NULL;
+        /* the receive that names ep holds a reference of its own, so the
+         * core cannot be reaping ep while we take ours without its lock */
+        ep_ref(ep);
+        p->ep = ep;
+    }
+    list_push_back(srv->peers.next, &p->link); /* before the first */
+    return p;
+}
+
+/* Under srv->mu: the peers that are gone with no call left are let go,
+ * so that the core frees their endpoints.  One still in the context's
+ * accept queue leaves it: accepting a dead RPC client's endpoint would
+ * tell the application nothing, and keeping it there kept it forever. */
+static void peers_sweep_locked(slime_rpc_server_t *srv) {
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->peers) {
+        rpc_peer_t *p = container_of(pos, rpc_peer_t, link);
+        if (p->calls || slime_ep_status(p->ep) == SLIME_OK) continue;
+        pthread_mutex_lock(&srv->ctx->lock);
+        list_del(&p->ep->acceptq);
+        pthread_mutex_unlock(&srv->ctx->lock);
+        peer_free(p);
+    }
+}
+
+/* Under srv->mu: a call is over; returns whether the server's last
+ * reference went with it. */
+static bool call_end_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
+    call->peer->calls--;
+    return srv_unref_locked(srv);
+}
+
 static void srv_free(slime_rpc_server_t *srv) {
-    rpc_orphans_reap(&srv->orphans, true);
+    while (!list_empty(&srv->peers)) peer_free(list_first(&srv->peers, rpc_peer_t, link));
     pthread_mutex_destroy(&srv->mu);
     free(srv->methods);
     free(srv);
@@ -153,30 +202,13 @@ static void srv_free(slime_rpc_server_t *srv) {
 #define BULK_BUDGET_DEFAULT (4ull << 30)
 #define PEER_STAGED_MAX SLIME_RPC_CREDITS_MAX
 
-/* Under srv->mu: ep's accounting, made on first use; NULL without memory. */
-static rpc_peer_t *peer_get_locked(slime_rpc_server_t *srv, slime_ep_t *ep) {
-    for (slime_list_t *pos = srv->peers.next; pos != &srv->peers; pos = pos->next) {
-        rpc_peer_t *p = container_of(pos, rpc_peer_t, link);
-        if (p->ep == ep) return p;
-    }
-    rpc_peer_t *p = calloc(1, sizeof *p);
-    if (!p) return NULL;
-    p->ep = ep;
-    list_push_back(&srv->peers, &p->link);
-    return p;
-}
-
 /* Under srv->mu: call leaves srv->staged, and its bytes (while its
  * receive is posted) its peer's budget. */
 static void unstage_locked(slime_rpc_call_t *call) {
     rpc_peer_t *p = call->peer;
     list_del(&call->link);
     if (call->bulk_req) p->unreceived -= call->len;
-    if (--p->staged == 0) {
-        list_del(&p->link);
-        free(p);
-    }
-    call->peer = NULL;
+    p->staged--;
 }
 
 /* Under srv->mu: a staged call is dropped (nobody to answer, or told). */
@@ -184,7 +216,7 @@ static void unstage_drop_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call)
     unstage_locked(call);
     slime_req_free(call->bulk_req);
     call->bulk_req = NULL;
-    srv_unref_locked(srv); /* the server's own reference remains */
+    call_end_locked(srv, call); /* the server's own reference remains */
     call_free(call);
 }
 
@@ -200,8 +232,8 @@ static void bulk_admit_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
     call->prefix = NULL;
     if (!call->owned || slime_recv(call->ep, (uint8_t *)call->owned + call->head, call->len - call->head, tag,
                                    &call->bulk_req) != SLIME_OK) {
-        send_error_locked(srv, call->ep, call->cid, call->req_id, "the server cannot take a %zu-byte payload",
-                          call->len);
+        send_error(call->ep, call->cid, call->req_id, "the server cannot take a %zu-byte payload",
+                   call->len);
         unstage_drop_locked(srv, call);
         return;
     }
@@ -211,11 +243,9 @@ static void bulk_admit_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
 
 /* Under srv->mu: a request whose payload follows by bulk is staged. */
 static void bulk_stage_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
-    rpc_peer_t *p = peer_get_locked(srv, call->ep);
-    if (!p || call->len > srv->bulk_budget || p->staged >= PEER_STAGED_MAX) {
-        if (!p)
-            send_error_locked(srv, call->ep, call->cid, call->req_id, "the server is out of memory");
-        else if (call->len > srv->bulk_budget)
+    rpc_peer_t *p = call->peer;
+    if (call->len > srv->bulk_budget || p->staged >= PEER_STAGED_MAX) {
+        if (call->len > srv->bulk_budget)
             p2p_ep_fail(call->ep, SLIME_ERR_PROTOCOL,
                         "rpc: a request announced a %zu-byte payload, over the peer's budget of %" PRIu64
                         " bytes (DLSLIME_RPC_BULK_BUDGET)", call->len, srv->bulk_budget);
@@ -223,15 +253,10 @@ static void bulk_stage_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
             p2p_ep_fail(call->ep, SLIME_ERR_PROTOCOL,
                         "rpc: %u requests with bulk payloads staged at once, more than any credits allow",
                         p->staged + 1);
-        if (p && !p->staged) {
-            list_del(&p->link);
-            free(p);
-        }
-        srv_unref_locked(srv);
+        call_end_locked(srv, call);
         call_free(call);
         return;
     }
-    call->peer = p;
     p->staged++;
     list_push_back(&srv->staged, &call->link);
     bulk_admit_locked(srv, call);
@@ -262,11 +287,14 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     char why[160];
     const rpc_hdr_t *h = rpc_slot_header(slot, why, sizeof why);
     slime_ep_t *ep = slime_req_ep(slot->req);
-    if (!h) { /* not ours to answer: nothing tells us where a reply would go */
+    rpc_peer_t *peer = peer_get_locked(srv, ep);
+    /* not ours to answer (or no memory to): nothing tells us where a reply would go */
+    if (!h || !peer) {
         slot_repost_locked(srv, slot);
         return NULL;
     }
     if (h->kind == RPC_HELLO) {
+        peers_sweep_locked(srv); /* one comes: let those gone go */
         answer_hello_locked(srv, ep, h);
         slot_repost_locked(srv, slot);
         return NULL;
@@ -276,15 +304,15 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
         return NULL;
     }
     if (!method_known(srv, h->method)) {
-        send_error_locked(srv, ep, h->cid, h->req_id,
-                          "unknown method id %016" PRIx64 " at port %u: not a method of the service served here",
-                          h->method, srv->port);
+        send_error(ep, h->cid, h->req_id,
+                   "unknown method id %016" PRIx64 " at port %u: not a method of the service served here",
+                   h->method, srv->port);
         slot_repost_locked(srv, slot);
         return NULL;
     }
     slime_rpc_call_t *call = calloc(1, sizeof *call);
     if (!call) {
-        send_error_locked(srv, ep, h->cid, h->req_id, "the server is out of memory");
+        send_error(ep, h->cid, h->req_id, "the server is out of memory");
         slot_repost_locked(srv, slot);
         return NULL;
     }
@@ -296,6 +324,8 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     call->req_id = h->req_id;
     call->reply_inline = h->slot;
     call->len = h->len;
+    call->peer = peer;
+    peer->calls++;
     srv->refs++;
     if (!(h->flags & RPC_F_BULK)) {
         call->slot = slot;
@@ -307,9 +337,9 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     call->head = h->head;
     call->prefix = call->head ? malloc(call->head) : NULL;
     if (call->head && !call->prefix) {
-        send_error_locked(srv, ep, h->cid, h->req_id, "the server is out of memory");
+        send_error(ep, h->cid, h->req_id, "the server is out of memory");
         slot_repost_locked(srv, slot);
-        srv_unref_locked(srv);
+        call_end_locked(srv, call);
         call_free(call);
         return NULL;
     }
@@ -390,7 +420,6 @@ slime_status_t slime_rpc_server_create(slime_ctx_t *ctx, uint16_t port, uint64_t
     list_init(&srv->posted);
     list_init(&srv->staged);
     list_init(&srv->peers);
-    list_init(&srv->orphans);
     srv->bulk_budget = env_size("DLSLIME_RPC_BULK_BUDGET", BULK_BUDGET_DEFAULT);
     atomic_init(&srv->closing, false);
     atomic_init(&srv->waiters, 0);
@@ -439,7 +468,6 @@ slime_status_t slime_rpc_server_next(slime_rpc_server_t *srv, int64_t timeout_ms
             st = SLIME_ERR_CLOSED;
             break;
         }
-        rpc_orphans_reap(&srv->orphans, false);
         bulk_admit_waiting_locked(srv);
         slime_rpc_call_t *call = take_staged_locked(srv);
         while (!call && head_done_locked(srv)) {
@@ -488,15 +516,15 @@ void slime_rpc_server_shutdown(slime_rpc_server_t *srv) {
         slime_rpc_call_t *call = container_of(pos, slime_rpc_call_t, link);
         unstage_locked(call);
         /* a receive still posted is canceled; one moving data completes
-         * into call->owned, so that memory goes with the orphans */
+         * into call->owned, so that memory goes with the request */
         slime_req_t *r = call->bulk_req;
         if (r && slime_req_cancel(r) != SLIME_OK && !req_done(r)) {
-            rpc_orphan_add(&srv->orphans, r, call->owned);
+            rpc_orphan_add(r, call->owned);
             call->owned = NULL;
         } else {
             slime_req_free(r);
         }
-        srv->refs--;
+        call_end_locked(srv, call);
         call_free(call);
     }
     pthread_mutex_unlock(&srv->mu);
@@ -626,11 +654,9 @@ static slime_status_t call_finish(slime_rpc_call_t *call, uint8_t kind, const rp
         if (slime_rpc_call_detach(call, &mem) == SLIME_OK) bulk_owned = mem;
     }
     if (st == SLIME_ERR_TIMEOUT) {
-        /* still queued: the buffers we own go with the orphans */
-        pthread_mutex_lock(&srv->mu);
-        rpc_orphan_add(&srv->orphans, reqs[0], stage);
-        if (reqs[1]) rpc_orphan_add(&srv->orphans, reqs[1], bulk_owned);
-        pthread_mutex_unlock(&srv->mu);
+        /* still queued: the buffers we own are freed once they left */
+        rpc_orphan_add(reqs[0], stage);
+        if (reqs[1]) rpc_orphan_add(reqs[1], bulk_owned);
         stage = NULL;
         bulk_owned = NULL;
         reqs[0] = reqs[1] = NULL;
@@ -644,10 +670,10 @@ out:
     slime_req_free(reqs[1]);
     free(stage);
     slime_rpc_mem_free(bulk_owned);
-    call_free(call);
     pthread_mutex_lock(&srv->mu);
-    bool last = srv_unref_locked(srv);
+    bool last = call_end_locked(srv, call);
     pthread_mutex_unlock(&srv->mu);
+    call_free(call);
     if (last) srv_free(srv);
     return st;
 }
@@ -697,7 +723,7 @@ void slime_rpc_call_drop(slime_rpc_call_t *call) {
         rpc_slot_free(call->slot);
         srv->n_slots--;
     }
-    bool last = srv_unref_locked(srv);
+    bool last = call_end_locked(srv, call);
     pthread_mutex_unlock(&srv->mu);
     call_free(call);
     if (last) srv_free(srv);

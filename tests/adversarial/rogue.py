@@ -13,6 +13,7 @@ import socket
 import struct
 
 from c_peer import CONNECT_TIMEOUT_MS
+from dlslime_torch import _C
 
 TOKEN = b"adversarial-suite-token"
 
@@ -249,7 +250,7 @@ def rpc_request_tag(port):
 def rpc_bulk_announcement(cid, method, req_id, length, slot=64 << 10):
     """A request header that says its payload of length bytes follows by
     bulk (which the rogue never sends)."""
-    return _RPC_HDR.pack(RPC_MAGIC, 1, RPC_REQUEST, RPC_F_BULK, cid, 0, method, req_id, length, slot)
+    return _RPC_HDR.pack(RPC_MAGIC, _C.RPC_VERSION, RPC_REQUEST, RPC_F_BULK, cid, 0, method, req_id, length, slot)
 
 
 def proc_vm_kib(pid):

@@ -84,8 +84,12 @@ SLIME_API void slime_rpc_opts_init(slime_rpc_opts_t *opts);
 
 /* Serves port on ctx.  digest names the service definition (clients must
  * present the same one); method_ids (n, copied) are the ids it accepts.
- * opts may be NULL.  Errors: SLIME_ERR_INVAL, SLIME_ERR_BUSY (a server of
- * this context already has the port), SLIME_ERR_NOMEM. */
+ * opts may be NULL.  The endpoints clients call from are the server's to
+ * keep: one stays while its client has calls, and once the client is gone
+ * the server lets it go, taking it out of the context's accept queue if
+ * it is still there, so that a server many clients come to and leave does
+ * not grow.  Errors: SLIME_ERR_INVAL, SLIME_ERR_BUSY (a server of this
+ * context already has the port), SLIME_ERR_NOMEM. */
 SLIME_API slime_status_t slime_rpc_server_create(slime_ctx_t *ctx, uint16_t port,
                                                  uint64_t digest,
                                                  const uint64_t *method_ids, size_t n,
@@ -114,7 +118,8 @@ SLIME_API uint64_t slime_rpc_call_method(const slime_rpc_call_t *call);
 /* The request payload (valid until the call is finished, or, after
  * slime_rpc_call_detach, until the caller frees the memory). */
 SLIME_API const void *slime_rpc_call_data(const slime_rpc_call_t *call, size_t *len);
-/* The endpoint the call came from. */
+/* The endpoint the call came from (valid until the call is finished;
+ * slime_ep_hold keeps it longer). */
 SLIME_API slime_ep_t *slime_rpc_call_ep(const slime_rpc_call_t *call);
 /* Gives the memory holding the payload to the caller (*mem, release it
  * with slime_rpc_mem_free when done), so the payload outlives the call; the server takes a new
