@@ -23,7 +23,7 @@
  * transport) */
 #define PT_MIDWAY_SPIN_NS 100000ull
 #define WAIT_SPIN_NS 200000ull   /* a waiter: spin this long without news */
-#define YIELD_AFTER_NS 20000ull  /* ...yielding the core after this long */
+#define YIELD_AFTER_NS 3000ull  /* ...yielding the core after this long */
 #define GRACE_NS 100000ull       /* see mr_shared_t.grace_until */
 #define SHORT_SLEEP_MS 1         /* the progress thread's nap during grace */
 #define STANDBY_MS 10            /* ...its sleep while a waiter spins */
