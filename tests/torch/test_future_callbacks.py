@@ -8,7 +8,7 @@ interval raised so it never hands the GIL over) would stop that thread:
 no pongs, so the peers declare a live rank dead, and nothing it
 transfers moves.  The shim runs such completions on a thread of its own.
 
-Rank 1 arms callbacks on an all_reduce and an irecv, then holds the GIL
+Rank 1 arms callbacks on an all_reduce and two irecvs, then holds the GIL
 for three silence limits while both complete and rank 0 waits on a
 receive from it; rank 0 must get its data, and nobody is declared lost.
 """
@@ -47,6 +47,7 @@ def _hold_gil(seconds):
 def _rank0(store, gloo):
     store.wait(["armed"])
     dist.send(torch.arange(N, dtype=torch.float32) + 3, dst=1)
+    dist.send(torch.full((N,), 9.0), dst=1)
     t = torch.full((N,), 1.0)
     dist.all_reduce(t)
     got = torch.zeros(BIG)
@@ -73,13 +74,16 @@ def _rank1(store, gloo):
     reduced = dist.all_reduce(t, async_op=True).get_future().then(note("all_reduce"))
     buf = torch.zeros(N)
     received = dist.irecv(buf, src=0).get_future().then(note("recv"))
+    # Matched after the first: its callback runs after the first's.
+    second = dist.irecv(torch.zeros(N), src=0).get_future().then(note("recv2"))
     store.set("armed", "1")
     _hold_gil(3 * SILENCE_MS / 1000)
     dist.send(torch.arange(BIG, dtype=torch.float32) * 5, dst=0)
     ref = torch.full((N,), 2.0)
     dist.all_reduce(ref, group=gloo)
     return {"reduced": reduced.wait().tolist(), "ref": (ref * 2).tolist(),
-            "received": received.wait().tolist(), "ran": sorted(ran)}
+            "received": received.wait().tolist(), "second": second.wait().tolist(),
+            "ran": ran}
 
 
 def _job(rank, size, store):
@@ -100,6 +104,8 @@ def test_callbacks_do_not_stall_a_rank_holding_the_gil(transport):
     assert r0["reduced"] == r0["ref"] == [3.0] * N
     assert r1["reduced"] == r1["ref"] == [6.0] * N
     assert r1["received"] == [float((i + 3) * 2) for i in range(N)]
-    # Both callbacks ran, off the main thread (which was holding the GIL
-    # when the requests completed).
-    assert r1["ran"] == [("all_reduce", True), ("recv", True)], r1["ran"]
+    assert r1["second"] == [18.0] * N
+    # Every callback ran, off the main thread (which was holding the GIL
+    # when the requests completed), the receives' in their completion order.
+    assert sorted(r1["ran"]) == [("all_reduce", True), ("recv", True), ("recv2", True)], r1["ran"]
+    assert [name for name, _ in r1["ran"] if name != "all_reduce"] == ["recv", "recv2"], r1["ran"]
