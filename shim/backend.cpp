@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "completions.h"
 #include "errors.h"
 #include "watched_allocator.h"
 
@@ -18,6 +19,9 @@ namespace {
 // timeout, so that the core's error (which names what it was waiting
 // for) arrives before the Work's generic one.
 constexpr std::chrono::milliseconds kCollectiveGrace{2000};
+
+// How long closing the runtime waits for queued Future completions.
+constexpr std::chrono::milliseconds kDrainLimit{10000};
 
 // comm id -> the live backend using it.  Lock order: registry, then a
 // backend's comm_mu_.
@@ -98,10 +102,18 @@ uint64_t BackendDlslime::comm_id_last_epoch(uint32_t comm_id) {
 }
 
 void BackendDlslime::shutdown_all() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  // destroy_comm_locked erases from the registry.
-  while (!registry().empty())
-    registry().begin()->second->destroy_comm_locked();
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    // destroy_comm_locked erases from the registry.
+    while (!registry().empty())
+      registry().begin()->second->destroy_comm_locked();
+  }
+  // The runtime closes next: the Futures of what that failed, and of what
+  // completed before, are finished first.  Not under the registry's
+  // mutex: a Future's callback may use a backend.
+  if (!drain_completions(kDrainLimit))
+    TORCH_WARN("dlslime: closing with Future callbacks still running after ",
+               kDrainLimit.count(), " ms");
 }
 
 void BackendDlslime::destroy_comm_locked() {

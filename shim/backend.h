@@ -50,8 +50,8 @@ class BackendDlslime : public c10d::Backend {
   // The epoch of the last communicator made with comm_id in this
   // process (0 if none was).
   static uint64_t comm_id_last_epoch(uint32_t comm_id);
-  // Shuts down every live BackendDlslime (before the context is closed
-  // at exit).
+  // Shuts down every live BackendDlslime and lets the Future completions
+  // queued by then run (before the context is closed at exit).
   static void shutdown_all();
 
   uint32_t comm_id() const { return comm_id_; }

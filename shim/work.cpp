@@ -6,6 +6,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "completions.h"
 #include "errors.h"
 
 namespace dlslime_shim {
@@ -15,8 +16,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// How long a wait gives the progress thread to run a completion callback
-// after the request itself was seen complete, or a cancel to land.
+// How long a wait gives the completion thread to finish a Work it took
+// on (its copy-outs), or a cancel to land.
 constexpr milliseconds kCallbackGrace{10000};
 
 int64_t ms_left(Clock::time_point deadline) {
@@ -68,13 +69,23 @@ void WorkDlslime::arm(slime_req_t* req) {
 }
 
 void WorkDlslime::on_complete(slime_req_t* req, void* arg) {
-  std::unique_ptr<c10::intrusive_ptr<WorkDlslime>> holder(
-      static_cast<c10::intrusive_ptr<WorkDlslime>*>(arg));
-  WorkDlslime& work = **holder;
-  if (!work.claimed_.exchange(true))
-    work.complete(slime_req_test(req));
-  // Dropping the holder may free the Work and with it the request: the
-  // core allows that from inside the request's own callback.
+  auto* holder = static_cast<c10::intrusive_ptr<WorkDlslime>*>(arg);
+  // On the core's thread: finishing runs the Future's callbacks, which may
+  // wait for the GIL; the completion thread does that (completions.h).
+  auto finish = [req, holder]() noexcept {
+    std::unique_ptr<c10::intrusive_ptr<WorkDlslime>> owned(holder);
+    WorkDlslime& work = **owned;
+    if (!work.claimed_.exchange(true))
+      work.complete(slime_req_test(req));
+    // Dropping the holder may free the Work and with it the request: the
+    // core allows that while or after the request's callback runs.
+  };
+  try {
+    post_completion(finish);
+  } catch (...) {
+    // No thread or no memory to queue with: finish here rather than never.
+    finish();
+  }
 }
 
 bool WorkDlslime::finish_if_done() {
@@ -123,7 +134,8 @@ void WorkDlslime::complete(slime_status_t status) noexcept {
         future->markCompleted(c10::IValue(spec_.outputs));
     }
   } catch (...) {
-    // A Future callback threw; it must not unwind into the C library.
+    // A Future callback threw; it must not unwind into the core or end
+    // the completion thread.
   }
 }
 
@@ -198,9 +210,9 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDlslime::getFuture() {
     else
       future->markCompleted(c10::IValue(spec_.outputs));
   } else if (arm_callback) {
-    // Nobody may wait on the Work: the core finishes it when the request
-    // completes (at once, right here, if it already has).  Outside
-    // future_mu_, which that takes.
+    // Nobody may wait on the Work: it is finished when the request
+    // completes, on the completion thread.  Outside future_mu_, which
+    // finishing takes.
     auto* holder = new c10::intrusive_ptr<WorkDlslime>(
         c10::intrusive_ptr<WorkDlslime>::reclaim_copy(this));
     slime_status_t st =

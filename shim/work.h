@@ -4,9 +4,10 @@
 // whichever thread first sees the request complete: a thread in wait()
 // or isCompleted() does it itself, so a short operation costs no thread
 // hand-off.  Only a Work whose Future was asked for (DDP comm hooks chain
-// on it) registers a completion callback with the core, which finishes
-// it from the progress thread if nobody waits; until that callback has
-// run, it holds a reference to the Work.  A Work dropped while its
+// on it) registers a completion callback with the core, which hands the
+// Work to the completion thread (completions.h) to finish if nobody
+// waits: the Future's callbacks never run on the core's threads.  Until
+// it is finished that way, the callback holds a reference to the Work.  A Work dropped while its
 // request is still pending hands the tensors the C library uses to a
 // callback that releases them when the request completes.
 #pragma once
