@@ -3,6 +3,7 @@ serves in threads, one calls), over both transports.  Replies are
 checked against the request they answer, byte for byte."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -21,18 +22,20 @@ class Served:
     """A server on its own context with `threads` threads answering:
     ECHO: the payload; INPLACE: the payload reversed, built in the reply
     buffer; FAIL: an error whose payload is the request; SLOW: sleeps the
-    first byte's tenths of a second, then echoes."""
+    first byte's tenths of a second, then echoes.  A subclass serves
+    other METHODS by overriding answer()."""
+
+    METHODS = [ECHO, INPLACE, FAIL, SLOW]
 
     def __init__(self, transport, threads=2, **opts):
         self.ctx = _C.Context(transport=transport)
-        self.srv = _C.RpcServer(self.ctx, PORT, DIGEST, [ECHO, INPLACE, FAIL, SLOW], **opts)
+        self.srv = _C.RpcServer(self.ctx, PORT, DIGEST, self.METHODS, **opts)
         self.threads = [threading.Thread(target=self._loop) for _ in range(threads)]
         self.errors = []
         for t in self.threads:
             t.start()
 
     def _loop(self):
-        import time
         while True:
             try:
                 call = self.srv.next(timeout_ms=200)
@@ -41,26 +44,28 @@ class Served:
             if call is None:
                 continue
             try:
-                data = memoryview(call)
-                if call.method == ECHO:
-                    call.reply(data)
-                elif call.method == INPLACE:
-                    out = memoryview(call.reply_buffer(len(data)))
-                    out[:] = bytes(data)[::-1]
-                    out.release()
-                    call.commit(len(data))
-                elif call.method == FAIL:
-                    call.fail(data)
-                elif call.method == SLOW:
-                    time.sleep(data[0] / 10)
-                    try:
-                        call.reply(data)
-                    except _C.SlimeTruncatedError:
-                        pass  # the client gave up on a bulk reply: dropped
-                    except _C.SlimePeerLostError:
-                        pass  # the test ended first and closed the client
+                self.answer(call, memoryview(call))
             except Exception as exc:  # reported by close()
                 self.errors.append(repr(exc))
+
+    def answer(self, call, data):
+        if call.method == ECHO:
+            call.reply(data)
+        elif call.method == INPLACE:
+            out = memoryview(call.reply_buffer(len(data)))
+            out[:] = bytes(data)[::-1]
+            out.release()
+            call.commit(len(data))
+        elif call.method == FAIL:
+            call.fail(data)
+        elif call.method == SLOW:
+            time.sleep(data[0] / 10)
+            try:
+                call.reply(data)
+            except _C.SlimeTruncatedError:
+                pass  # the client gave up on a bulk reply: dropped
+            except _C.SlimePeerLostError:
+                pass  # the test ended first and closed the client
 
     def close(self):
         self.srv.close()

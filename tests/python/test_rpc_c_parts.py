@@ -27,34 +27,14 @@ class PartsServed(Served):
     """Served, plus PARTS: the request's bytes as the reply, given to
     reply() as a head of a third of them and the rest as its tail."""
 
-    def __init__(self, transport):
-        self.ctx = _C.Context(transport=transport)
-        self.srv = _C.RpcServer(self.ctx, PORT, DIGEST, [ECHO, FAIL, PARTS])
-        self.errors = []
-        import threading
-        self.threads = [threading.Thread(target=self._loop_parts) for _ in range(2)]
-        for t in self.threads:
-            t.start()
+    METHODS = [ECHO, FAIL, PARTS]
 
-    def _loop_parts(self):
-        while True:
-            try:
-                call = self.srv.next(timeout_ms=200)
-            except _C.SlimeClosedError:
-                return
-            if call is None:
-                continue
-            try:
-                data = memoryview(call)
-                k = len(data) // 3
-                if call.method == PARTS:
-                    call.reply(data[:k], tail=data[k:])
-                elif call.method == ECHO:
-                    call.reply(data)
-                else:
-                    call.fail(data)
-            except Exception as exc:  # reported by close()
-                self.errors.append(repr(exc))
+    def answer(self, call, data):
+        if call.method == PARTS:
+            k = len(data) // 3
+            call.reply(data[:k], tail=data[k:])
+        else:
+            super().answer(call, data)
 
 
 @pytest.fixture
