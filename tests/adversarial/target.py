@@ -5,6 +5,7 @@ there fails the test with its exit status instead of killing pytest.
 
 import os
 import resource
+import threading
 import time
 
 import numpy as np
@@ -104,3 +105,20 @@ def assert_serves(peer, address, transport, token=TOKEN, ctx=None, timeout_ms=CO
         assert peer.get() == "served"
     finally:
         ctx.close()
+
+
+def serve_echo(srv, reply_timeout_ms=WAIT_MS):
+    """Answers every call on the RPC server srv with its own bytes, in a
+    thread, until srv is closed; the thread, for the caller to join."""
+    def serve():
+        while True:
+            try:
+                call = srv.next(timeout_ms=200)
+            except _C.SlimeClosedError:
+                return
+            if call is not None:
+                call.reply(memoryview(call), timeout_ms=reply_timeout_ms)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    return thread

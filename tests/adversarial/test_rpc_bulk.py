@@ -10,7 +10,6 @@ until the peer's earlier payloads have arrived.
 """
 
 import os
-import threading
 import time
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 import rogue
 from c_peer import CONNECT_TIMEOUT_MS, Peer, assert_bytes_equal, pattern
 from dlslime_torch import _C
+from target import serve_echo
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,17 +36,7 @@ def rpc_target(link, transport, budget=None):
     ctx = _C.Context(transport=transport, token=rogue.TOKEN)
     srv = _C.RpcServer(ctx, PORT, DIGEST, [ECHO])
 
-    def serve():
-        while True:
-            try:
-                call = srv.next(timeout_ms=200)
-            except _C.SlimeClosedError:
-                return
-            if call is not None:
-                call.reply(memoryview(call))
-
-    thread = threading.Thread(target=serve)
-    thread.start()
+    thread = serve_echo(srv)
     link.put(ctx.address())
     eps = {}
     while True:

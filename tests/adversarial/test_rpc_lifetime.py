@@ -9,7 +9,6 @@ has calls from it, and lets it go (out of the accept queue too) once the
 client is gone, so the core frees it.
 """
 
-import threading
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from c_peer import CONNECT_TIMEOUT_MS, Peer
 from dlslime_torch import _C
 from rogue import TOKEN
-from target import WAIT_MS, rss_kib
+from target import WAIT_MS, rss_kib, serve_echo
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,17 +33,7 @@ def echo_server(link, transport):
     ctx = _C.Context(transport=transport, token=TOKEN)
     srv = _C.RpcServer(ctx, PORT, DIGEST, [ECHO])
 
-    def serve():
-        while True:
-            try:
-                call = srv.next(timeout_ms=200)
-            except _C.SlimeClosedError:
-                return
-            if call is not None:
-                call.reply(memoryview(call), timeout_ms=WAIT_MS)
-
-    thread = threading.Thread(target=serve)
-    thread.start()
+    thread = serve_echo(srv)
     link.put(ctx.address())
     while link.get(timeout=600) == "rss":
         link.put(rss_kib())
