@@ -3,12 +3,14 @@
  * followed by its QP info (QP numbers, PSNs, GID, MTU, slots); the
  * acceptor checks the hello as for any transport, brings its QPs to RTS
  * against that info, and answers with the welcome followed by its own
- * info; the dialer then brings its QPs up too.
+ * info; the dialer then brings its QPs up too and sends one ready byte,
+ * until which the acceptor posts nothing (see verbs_conn.peer_ready).
  *
  * The socket stays open for the life of the endpoint, as a liveness line:
  * when a peer process dies, the kernel closes it at once, whereas its
  * queue pairs would only show the loss once a retry timer ran out, and
- * only if something was in flight.  It carries nothing else. */
+ * only if something was in flight.  It carries nothing else after the
+ * ready byte. */
 #ifdef SLIME_HAVE_VERBS
 
 #include <arpa/inet.h>
@@ -33,6 +35,15 @@ static slime_status_t greet(slime_ctx_t *ctx, const wire_addr_t *peer, int fd, c
     slime_status_t st = sock_sendmsg_all(fd, &msg, deadline);
     if (st == SLIME_OK) st = sock_recv_all(fd, w, sizeof *w, deadline);
     return st;
+}
+
+/* Our QPs are up: the acceptor, which holds its first posts until now,
+ * may send. */
+static slime_status_t say_ready(int fd, uint64_t deadline) {
+    char ready = 'R';
+    struct iovec iov = {.iov_base = &ready, .iov_len = 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    return sock_sendmsg_all(fd, &msg, deadline);
 }
 
 slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t deadline, void **conn, int *fd_out,
@@ -71,6 +82,8 @@ slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t de
         goto fail;
     }
     if ((st = vconn_connect(c, &theirs)) != SLIME_OK) goto fail;
+    if ((st = say_ready(fd, deadline)) != SLIME_OK) goto fail;
+    c->peer_ready = true;
     int epfd = vconn_set_socket(c, fd);
     if (epfd < 0) {
         st = slime_errorf(SLIME_ERR_SYSTEM, "verbs: epoll: %s", strerror(errno));

@@ -210,6 +210,11 @@ struct verbs_conn {
     slime_list_t tx_free, tx_ready, rx_got;
     slime_list_t ctrl_backlog;  /* control messages waiting for a slot */
     uint32_t credits;           /* receives the peer has posted for us */
+    /* The peer's QPs take packets.  An acceptor's QPs are up before the
+     * dialer's: what it posted in between would be dropped and resent
+     * only when the retry timer fires (seconds), so it posts nothing
+     * until the dialer's ready byte or first message arrives. */
+    bool peer_ready;
     uint32_t to_return;         /* receives we reposted and not yet told */
     uint8_t credit_wr;          /* wr_id target of credit-only sends (VW_CREDIT) */
     /* one-sided ops */

@@ -109,6 +109,7 @@ static bool post_wr(slime_ep_t *ep, int q, vop_t *op, enum ibv_wr_opcode opcode,
 
 bool vops_post(slime_ep_t *ep) {
     verbs_conn_t *c = ep->conn;
+    if (!c->peer_ready) return true;
     vop_t *op;
     while ((op = list_first(&c->post_q, vop_t, qlink))) {
         while (op->posted < op->len) {

@@ -96,6 +96,7 @@ static bool repost(slime_ep_t *ep, vslot_t *s) {
 /* Sends ready slots while credits last, one kept in reserve. */
 static bool post_ready(slime_ep_t *ep) {
     verbs_conn_t *c = ep->conn;
+    if (!c->peer_ready) return true;
     while (!list_empty(&c->tx_ready) && c->credits >= 2 && c->sq_used < c->sq_cap) {
         vslot_t *s = container_of(c->tx_ready.next, vslot_t, link);
         list_del(&s->link);
@@ -117,7 +118,7 @@ static bool post_ready(slime_ep_t *ep) {
 
 static bool return_credits(slime_ep_t *ep) {
     verbs_conn_t *c = ep->conn;
-    if (c->to_return < return_threshold(c) || c->credits < 1 || c->sq_used >= c->sq_cap) return true;
+    if (!c->peer_ready || c->to_return < return_threshold(c) || c->credits < 1 || c->sq_used >= c->sq_cap) return true;
     struct ibv_send_wr wr = {
         .wr_id = (uintptr_t)&c->credit_wr,
         .opcode = IBV_WR_SEND_WITH_IMM,
@@ -224,6 +225,7 @@ ssize_t verbs_read(slime_ep_t *ep, void *dst, size_t n) {
 static bool on_recv(slime_ep_t *ep, vslot_t *s, const struct ibv_wc *wc) {
     verbs_conn_t *c = ep->conn;
     s->posted = false;
+    c->peer_ready = true; /* its QPs sent this, so they are up */
     if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
         /* a peer's write_imm: its data is in place, the receive only
          * carried the immediate */
@@ -371,6 +373,7 @@ void verbs_fd_event(slime_ep_t *ep, uint32_t events) {
         } else {
             char buf[64];
             ssize_t r = recv(c->sock, buf, sizeof buf, MSG_DONTWAIT);
+            if (r > 0) c->peer_ready = true; /* the dialer's ready byte */
             if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
                 (ev[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)))
                 hup = true;

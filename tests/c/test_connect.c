@@ -1,10 +1,13 @@
 /*
  * test_connect.c - endpoint setup: two contexts dialing each other at once
  * share one connection; connect is idempotent; accept hands out what a peer
- * dialed, once; a full mesh of four processes.
+ * dialed, once; an acceptor's first send is not lost; a full mesh of four
+ * processes.
  */
 #include "harness.h"
 
+#include <glob.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +115,72 @@ static void case_accept(h_rank_t *r)
     slime_ctx_destroy(ctx);
 }
 
+/* The sum of soft-RoCE's retransmission counters over every device, -1
+ * where there are none (not rxe, or not verbs). */
+static long long rdma_retries(void)
+{
+    glob_t g;
+    long long sum = -1;
+    if (glob("/sys/class/infiniband/*/ports/*/hw_counters/completer_retry_err", 0, NULL, &g) != 0)
+        return -1;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        FILE *f = fopen(g.gl_pathv[i], "r");
+        long long v = 0;
+        if (f && fscanf(f, "%lld", &v) == 1)
+            sum = (sum < 0 ? 0 : sum) + v;
+        if (f)
+            fclose(f);
+    }
+    globfree(&g);
+    return sum;
+}
+
+/* The acceptor sends the moment accept returns, before the dialer may
+ * have brought its side up: nothing it sent may be lost and resent on a
+ * timer (on verbs, a packet to a queue pair not yet ready to receive is
+ * dropped, and the retransmission comes seconds later). */
+static void case_acceptor_first(h_rank_t *r)
+{
+    enum { ROUNDS = 8 };
+    uint8_t blob[SLIME_ADDRESS_MAX];
+    const long long retries_before = rdma_retries();
+    if (r->rank == 0) {
+        slime_ctx_t *ctx = h_ctx_create(NULL);
+        h_ctl_send(r, 1, blob, h_ctx_address(ctx, blob));
+        for (int i = 0; i < ROUNDS; i++) {
+            slime_ep_t *ep = NULL;
+            slime_req_t *s = NULL;
+            uint8_t out[64];
+            h_fill(out, sizeof out, 90 + (uint64_t)i, 0);
+            H_CHECK_OK(slime_ep_accept(ctx, H_WAIT_MS, &ep));
+            H_CHECK_OK(slime_send(ep, out, sizeof out, 3, &s));
+            H_WAIT_FREE(s, SLIME_OK);
+            (void)h_ctl_recv_u64(r, 1);
+        }
+        slime_ctx_destroy(ctx);
+    } else {
+        size_t len = h_ctl_recv(r, 0, blob, sizeof blob);
+        for (int i = 0; i < ROUNDS; i++) {
+            slime_ctx_t *ctx = h_ctx_create(NULL);
+            slime_ep_t *ep = NULL;
+            slime_req_t *q = NULL;
+            uint8_t in[64];
+            H_CHECK_OK(slime_ep_connect(ctx, blob, len, H_WAIT_MS, &ep));
+            H_CHECK_OK(slime_recv(ep, in, sizeof in, 3, &q));
+            H_WAIT_FREE(q, SLIME_OK);
+            H_CHECK_PATTERN(in, sizeof in, 90 + (uint64_t)i, 0);
+            h_ctl_send_u64(r, 0, 1);
+            slime_ctx_destroy(ctx);
+        }
+    }
+    h_barrier(r);
+    if (retries_before < 0) {
+        h_log("no soft-RoCE retransmission counters here: only the bytes were checked");
+        return;
+    }
+    H_CHECK_EQ(rdma_retries(), retries_before);
+}
+
 /* Four processes, each connected to all others (by the harness): every
  * rank sends to every other and collects the three with recv_any. */
 static void case_mesh(h_rank_t *r)
@@ -154,6 +223,7 @@ int main(int argc, char **argv)
     static const h_case_t cases[] = {
         {"symmetric", case_symmetric, 2, true, 0},
         {"accept", case_accept, 2, true, 0},
+        {"acceptor_first", case_acceptor_first, 2, true, 0},
         {"mesh", case_mesh, 4, false, 0},
     };
     return h_main("test_connect", cases, sizeof cases / sizeof cases[0], argc,
