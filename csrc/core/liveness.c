@@ -13,7 +13,9 @@
  *
  * Operations that complete without the peer's CPU never count as waiting
  * on it: one-sided ops the initiator copies (shm by CMA) or its device
- * does (verbs RDMA), and rendezvous data fetched that way.  They keep
+ * does (verbs RDMA), and rendezvous data fetched that way; but a verbs
+ * op's first use of a region asks the owner's engine for its key, and
+ * that counts (transport waits_on_peer).  They keep
  * working against a stopped process, as they should.
  *
  * The hot path pays one increment per batch of bytes moved (ep->heard);
@@ -87,8 +89,9 @@ static bool needs_peer(const slime_ep_t *ep, const slime_req_t *r) {
     }
 }
 
-static bool waits_on_peer(const slime_ep_t *ep) {
+static bool waits_on_peer(slime_ep_t *ep) {
     if (!list_empty(&ep->imm_waiters)) return true;
+    if (ep->tp->waits_on_peer && ep->tp->waits_on_peer(ep)) return true;
     for (const slime_list_t *pos = ep->pending.next; pos != &ep->pending; pos = pos->next)
         if (needs_peer(ep, container_of(pos, slime_req_t, eplink))) return true;
     return false;

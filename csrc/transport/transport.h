@@ -113,6 +113,9 @@ typedef struct transport_ops {
     /* Work waits that no fd event will announce (a cheap look, for the
      * progress thread's decision to sleep). */
     bool (*has_work)(slime_ep_t *ep);
+    /* A request waits on the peer's progress engine in a way the core
+     * does not see (for liveness: ping the peer, fail it when silent). */
+    bool (*waits_on_peer)(slime_ep_t *ep);
     /* rma takes every request whole at once and completes it itself. */
     bool rma_async;
     /* The fd the core watches for an accepted conn, when it is not the

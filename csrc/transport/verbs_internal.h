@@ -287,6 +287,8 @@ void verbs_offers_free(verbs_conn_t *c);
 void rkeys_submit(slime_ep_t *ep, vop_t *op);
 /* An op that used rmr finished. */
 void rkeys_op_done(verbs_conn_t *c, rmr_t *rmr);
+/* Whether an op waits for a region's key from the peer's engine. */
+bool rkeys_asking(slime_ep_t *ep);
 /* A control message arrived; false if the ep failed. */
 bool rkeys_on_ctrl(slime_ep_t *ep, const uint8_t *msg, size_t len);
 /* The conn closes: unpin what the peer held, drop what we cached. */

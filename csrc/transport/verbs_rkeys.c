@@ -118,6 +118,15 @@ void rkeys_submit(slime_ep_t *ep, vop_t *op) {
     else bind(c, m, op);
 }
 
+bool rkeys_asking(slime_ep_t *ep) {
+    const verbs_conn_t *c = ep->conn;
+    for (const slime_list_t *pos = c->rmrs.next; pos != &c->rmrs; pos = pos->next) {
+        const rmr_t *m = container_of(pos, rmr_t, link);
+        if (m->state == RMR_QUERYING && !list_empty(&m->waiting)) return true;
+    }
+    return false;
+}
+
 void rkeys_op_done(verbs_conn_t *c, rmr_t *m) {
     if (--m->users || m->state != RMR_REVOKED) return;
     vctrl_t ack = {.type = VC_REVOKED, .handle = m->handle};

@@ -179,6 +179,35 @@ static void case_onesided_into_stopped(h_rank_t *r)
     free(buf);
 }
 
+/* A first one-sided read of a stopped process's region: verbs must ask
+ * the owner's engine for the region's key (verbs_rkeys.c), tcp's engine
+ * serves the read, so both fail for its silence; shm copies it by itself. */
+static void case_first_onesided_into_stopped(h_rank_t *r)
+{
+    const size_t len = 64u << 10;
+    uint8_t *buf = h_alloc(len);
+    if (r->rank == VICTIM) {
+        h_fill(buf, len, 92, 0);
+        h_send_desc(r, 0, h_mr_reg(r->ctx, buf, len, SLIME_ACCESS_ALL));
+        linger();
+    }
+    slime_mr_desc_t remote = h_recv_desc(r, VICTIM);
+    slime_mr_t *mr = h_mr_reg(r->ctx, buf, len, SLIME_ACCESS_ALL);
+    slime_req_t *req = NULL;
+    int64_t stopped_at = h_now_ms();
+    stop_victim(r);
+    H_CHECK_OK(slime_read(r->ep[VICTIM], mr, 0, &remote, 0, len, &req));
+    if (strcmp(slime_ep_transport(r->ep[VICTIM]), "shm") == 0) {
+        H_WAIT_FREE(req, SLIME_OK);
+        H_CHECK_PATTERN(buf, len, 92, 0);
+    } else {
+        expect_silence(req, stopped_at, "the first read");
+    }
+    h_kill_rank(r, VICTIM);
+    H_CHECK_OK(slime_mr_dereg(mr));
+    free(buf);
+}
+
 /* Rank 1's only thread of its own sleeps for three silence limits before
  * it sends: its progress thread answers rank 0's pings, so the receive
  * waits it out and completes. */
@@ -243,6 +272,7 @@ int main(int argc, char **argv)
         {"stopped_receiver", case_stopped_receiver, 2, false, 1u << VICTIM},
         {"stopped_sender", case_stopped_sender, 2, false, 1u << VICTIM},
         {"onesided_into_stopped", case_onesided_into_stopped, 2, false, 1u << VICTIM},
+        {"first_onesided_into_stopped", case_first_onesided_into_stopped, 2, false, 1u << VICTIM},
         {"busy_peer", case_busy_peer, 2, false, 0},
         {"held_back", case_held_back, 2, false, 0},
     };
