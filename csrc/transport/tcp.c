@@ -1,6 +1,7 @@
 /* The tcp transport: non-blocking sockets driven by the progress engine.
  * Reads of small frames go through a staging buffer (one syscall for many
- * frames); large payloads are received straight into their destination. */
+ * frames), which combining receives fold from in place; large payloads are
+ * received straight into their destination. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
@@ -248,6 +249,21 @@ static ssize_t tcp_read(slime_ep_t *ep, void *dst, size_t n) {
     return (ssize_t)k;
 }
 
+/* A combining receive folds the staged bytes where they lie: one copy
+ * fewer than reading them out first. */
+static size_t tcp_rx_peek(slime_ep_t *ep, size_t n, const uint8_t **at) {
+    ssize_t have = stage_fill(ep);
+    if (have <= 0) return 0; /* a failed endpoint's conn is gone */
+    tcp_conn_t *c = ep->conn;
+    *at = c->stage + c->stage_off;
+    return min_sz(n, (size_t)have);
+}
+
+static void tcp_rx_consume(slime_ep_t *ep, size_t k) {
+    tcp_conn_t *c = ep->conn;
+    c->stage_off += k;
+}
+
 static ssize_t tcp_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
     tcp_conn_t *c = ep->conn;
     struct msghdr msg = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
@@ -295,4 +311,6 @@ const transport_ops_t slime_tcp_transport = {
     .fd_event = tcp_fd_event,
     .rma = NULL,
     .close = tcp_close,
+    .rx_peek = tcp_rx_peek,
+    .rx_consume = tcp_rx_consume,
 };
