@@ -1,6 +1,7 @@
 /* The tcp transport: non-blocking sockets driven by the progress engine.
  * Reads of small frames go through a staging buffer (one syscall for many
- * frames); large payloads are received straight into their destination. */
+ * frames), which combining receives fold from in place; large payloads are
+ * received straight into their destination. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
@@ -18,6 +19,7 @@
 
 typedef struct tcp_conn {
     int fd;
+    bool drained;               /* the last receive emptied the socket */
     size_t stage_off, stage_len;
     uint8_t stage[STAGE_SIZE];
 } tcp_conn_t;
@@ -26,6 +28,7 @@ static tcp_conn_t *tcp_conn_new(int fd) {
     tcp_conn_t *c = malloc(sizeof *c);
     if (!c) return NULL;
     c->fd = fd;
+    c->drained = false;
     c->stage_off = c->stage_len = 0;
     return c;
 }
@@ -200,29 +203,65 @@ static ssize_t broken(slime_ep_t *ep, const char *what, int err) {
     return SLIME_ERR_PEER_LOST;
 }
 
+/* Receives into dst (n bytes at most): bytes received, 0 if none now, or
+ * the endpoint failed (negative).  After a receive that emptied the
+ * socket the next one is skipped: it would almost always say EAGAIN, a
+ * syscall (1-2 us here) on the way of every small message, and epoll
+ * (level-triggered) keeps reporting the socket while bytes wait, so the
+ * next look reads them. */
+static ssize_t tcp_recv(slime_ep_t *ep, void *dst, size_t n) {
+    tcp_conn_t *c = ep->conn;
+    if (c->drained) {
+        c->drained = false;
+        return 0;
+    }
+    ssize_t r = recv(c->fd, dst, n, MSG_DONTWAIT);
+    if (r > 0) {
+        c->drained = (size_t)r < n;
+        return r;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    return broken(ep, "receive", r < 0 ? errno : 0);
+}
+
+/* The staged bytes not yet read, refilling an empty stage from the
+ * socket: how many (0 if none now, negative if the endpoint failed). */
+static ssize_t stage_fill(slime_ep_t *ep) {
+    tcp_conn_t *c = ep->conn;
+    if (c->stage_off == c->stage_len) {
+        ssize_t r = tcp_recv(ep, c->stage, STAGE_SIZE);
+        if (r <= 0) return r;
+        c->stage_off = 0;
+        c->stage_len = (size_t)r;
+    }
+    return (ssize_t)(c->stage_len - c->stage_off);
+}
+
 static ssize_t tcp_read(slime_ep_t *ep, void *dst, size_t n) {
     tcp_conn_t *c = ep->conn;
-    if (c->stage_off < c->stage_len) {
-        size_t k = min_sz(n, c->stage_len - c->stage_off);
-        memcpy(dst, c->stage + c->stage_off, k);
-        c->stage_off += k;
-        return (ssize_t)k;
-    }
     /* big reads go straight to their destination */
-    int direct = n >= STAGE_SIZE / 2;
-    ssize_t r = recv(c->fd, direct ? dst : (void *)c->stage, direct ? n : STAGE_SIZE, MSG_DONTWAIT);
-    if (r < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-        return broken(ep, "receive", errno);
-    }
-    if (r == 0) return broken(ep, "receive", 0);
-    if (direct) return r;
-    c->stage_off = 0;
-    c->stage_len = (size_t)r;
-    size_t k = min_sz(n, c->stage_len);
-    memcpy(dst, c->stage, k);
-    c->stage_off = k;
+    if (c->stage_off == c->stage_len && n >= STAGE_SIZE / 2) return tcp_recv(ep, dst, n);
+    ssize_t have = stage_fill(ep);
+    if (have <= 0) return have;
+    size_t k = min_sz(n, (size_t)have);
+    memcpy(dst, c->stage + c->stage_off, k);
+    c->stage_off += k;
     return (ssize_t)k;
+}
+
+/* A combining receive folds the staged bytes where they lie: one copy
+ * fewer than reading them out first. */
+static size_t tcp_rx_peek(slime_ep_t *ep, size_t n, const uint8_t **at) {
+    ssize_t have = stage_fill(ep);
+    if (have <= 0) return 0; /* a failed endpoint's conn is gone */
+    tcp_conn_t *c = ep->conn;
+    *at = c->stage + c->stage_off;
+    return min_sz(n, (size_t)have);
+}
+
+static void tcp_rx_consume(slime_ep_t *ep, size_t k) {
+    tcp_conn_t *c = ep->conn;
+    c->stage_off += k;
 }
 
 static ssize_t tcp_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
@@ -272,4 +311,6 @@ const transport_ops_t slime_tcp_transport = {
     .fd_event = tcp_fd_event,
     .rma = NULL,
     .close = tcp_close,
+    .rx_peek = tcp_rx_peek,
+    .rx_consume = tcp_rx_consume,
 };
