@@ -122,7 +122,7 @@ static slime_status_t seg_create(uint64_t ring, int *fd_out, uint8_t **out) {
     int fd;
     slime_status_t st = memfd_sealed("dlslime-ring", len, &fd);
     if (st != SLIME_OK) return st;
-    uint8_t *seg = shm_map(fd, len);
+    uint8_t *seg = shm_map_ring(fd, len, true);
     if (!seg) {
         st = slime_errorf(SLIME_ERR_SYSTEM, "shm segment of %zu bytes: %s", len, strerror(errno));
         close(fd);
@@ -166,7 +166,7 @@ static uint8_t *peer_segment_map(int fd, size_t *len, uint64_t *ring, char *why,
         snprintf(why, whylen, "ring segment of %zu bytes", *len);
         return NULL;
     }
-    uint8_t *seg = shm_map(fd, *len);
+    uint8_t *seg = shm_map_ring(fd, *len, false);
     if (!seg) {
         snprintf(why, whylen, "ring segment: mmap: %s", strerror(errno));
         return NULL;

@@ -60,6 +60,9 @@ typedef struct shm_conn {
 int shm_peer_pid(int sock);
 /* fd mapped shared, read-write; NULL on failure. */
 void *shm_map(int fd, size_t len);
+/* A ring segment mapped with its pages faulted in (creator: allocated
+ * first), up to a bound; NULL on failure. */
+void *shm_map_ring(int fd, size_t len, bool creator);
 /* For a ring between RING_MIN and RING_MAX. */
 static inline size_t shm_seg_size(uint64_t ring) { return SEG_HDR + 2 * ring; }
 /* A field of memory the peer may write at any time, read exactly once:

@@ -12,7 +12,7 @@
 #define GUARD_BYTE 0xEE
 
 static const size_t k_sizes[] = {
-    0, 1, 3, 4096, 4097, 65537, 1 << 20, (1 << 20) + 13, 64 << 20,
+    0, 1, 3, 4096, 4097, 65537, 262145, 1 << 20, (1 << 20) + 13, 64 << 20,
 };
 #define NSIZES (sizeof k_sizes / sizeof k_sizes[0])
 
@@ -81,7 +81,7 @@ static void case_sizes_recv_first(h_rank_t *r)
 /* The default eager limits (see slime_send). */
 static size_t eager_limit(void)
 {
-    return strcmp(h_transport(), "tcp") == 0 ? 256 * H_KIB : 64 * H_KIB;
+    return strcmp(h_transport(), "verbs") == 0 ? 64 * H_KIB : 256 * H_KIB;
 }
 
 static void case_sizes_recv_after(h_rank_t *r)
@@ -92,7 +92,7 @@ static void case_sizes_recv_after(h_rank_t *r)
 /* A message longer than the receive buffer fails the receive, leaves the
  * bytes past the buffer alone, and the endpoint keeps working.  The send
  * fails too when the message went by rendezvous (above the eager limit:
- * 64 KiB on shm, 256 KiB on tcp); an eager send has completed already. */
+ * 256 KiB on shm and tcp, 64 KiB on verbs); an eager send has completed already. */
 static void truncated(h_rank_t *r, size_t len, size_t cap, uint64_t tag,
                       bool recv_first)
 {

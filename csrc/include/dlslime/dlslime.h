@@ -294,8 +294,8 @@ SLIME_API uint64_t slime_mr_desc_len(const slime_mr_desc_t *desc);
  * (slime_req_bytes).  A message longer than cap fails the receive with
  * SLIME_ERR_TRUNCATED and is dropped; the send fails too when the message
  * was large enough to go by rendezvous (above the transport's eager limit,
- * 64 KiB by default: $DLSLIME_EAGER_SHM, $DLSLIME_EAGER_TCP,
- * $DLSLIME_EAGER_VERBS), and has already completed otherwise, as in MPI. */
+ * by default 256 KiB on shm and tcp, 64 KiB on verbs: $DLSLIME_EAGER_SHM,
+ * $DLSLIME_EAGER_TCP, $DLSLIME_EAGER_VERBS), and has already completed otherwise, as in MPI. */
 SLIME_API slime_status_t slime_send(slime_ep_t *ep, const void *buf, size_t len,
                                     uint64_t tag, slime_req_t **out);
 SLIME_API slime_status_t slime_recv(slime_ep_t *ep, void *buf, size_t cap,
