@@ -3,7 +3,9 @@
  * that waits on a collective nobody has started yet runs it itself
  * (run_here), with no hand-off to the worker and back, the common case
  * of post-then-wait; otherwise it sleeps while the worker does the work
- * (the worker spins in its own waits, where spinning pays).  A failed
+ * (the worker spins in its own waits, where spinning pays).  A post its
+ * poster promised to wait on (slime_comm_next_waited) does not even wake
+ * the worker; it is handed over only if that wait cannot run it.  A failed
  * collective breaks the communicator: everything after it fails fast
  * with the same cause. */
 #include <inttypes.h>
