@@ -417,6 +417,7 @@ struct target {
 static void comm_allreduce(slime_comm_t *comm, void *buf, size_t bytes)
 {
     slime_req_t *req = NULL;
+    slime_comm_next_waited(comm); /* waited at once, as torch's synchronous ops */
     slime_status_t st = slime_allreduce(comm, buf, bytes / sizeof(float), SLIME_DT_FLOAT32,
                                         SLIME_RED_SUM, &req);
     if (st != SLIME_OK)

@@ -181,6 +181,7 @@ std::chrono::milliseconds BackendDlslime::timeout_of(
 c10::intrusive_ptr<c10d::Work> BackendDlslime::post(WorkSpec spec,
                                                     const Issue& issue) {
   std::string what = spec.what;
+  bool poster_waits = spec.poster_waits;
   spec.timed = timing_.load();
   auto work = c10::make_intrusive<WorkDlslime>(rank_, std::move(spec));
   slime_req_t* req = nullptr;
@@ -188,6 +189,8 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::post(WorkSpec spec,
     std::shared_lock<std::shared_mutex> lock(comm_mu_);
     TORCH_CHECK(comm_, "dlslime: ", what, " on process group '", group_name_,
                 "', which was shut down (destroy_process_group)");
+    if (poster_waits)
+      slime_comm_next_waited(comm_);
     slime_status_t st = issue(comm_, &req);
     if (st != SLIME_OK)
       throw_last_error(what, st);

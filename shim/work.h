@@ -47,6 +47,9 @@ struct WorkSpec {
   std::chrono::milliseconds timeout{0};
   // A receive: a wait that runs out cancels it, so it cannot match later.
   bool cancel_on_timeout = false;
+  // A synchronous collective (opts.asyncOp false): torch waits on it at
+  // once, so the core need not wake its worker for it (the wait runs it).
+  bool poster_waits = false;
   // Collectives timing is on (ProcessGroup._enable_collectives_timing):
   // getDuration() says how long the op took from post to completion.
   bool timed = false;

@@ -95,6 +95,7 @@ struct coll_op {
     uint64_t seq;
     bool typed;                     /* count / dtype / redop describe it */
     uint64_t posted_ns;             /* the worker leaves it to its poster a moment */
+    bool lazy;                      /* posted without waking the worker (its poster waits) */
     /* arguments, as each collective uses them */
     void *buf;
     const void *src;

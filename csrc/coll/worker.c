@@ -3,7 +3,9 @@
  * that waits on a collective nobody has started yet runs it itself
  * (run_here), with no hand-off to the worker and back, the common case
  * of post-then-wait; otherwise it sleeps while the worker does the work
- * (the worker spins in its own waits, where spinning pays).  A failed
+ * (the worker spins in its own waits, where spinning pays).  A post its
+ * poster promised to wait on (slime_comm_next_waited) does not even wake
+ * the worker; it is handed over only if that wait cannot run it.  A failed
  * collective breaks the communicator: everything after it fails fast
  * with the same cause. */
 #include <inttypes.h>
@@ -51,8 +53,17 @@ size_t coll_small_bytes(void) {
     return v;
 }
 
+/* slime_comm_next_waited's word, taken by this thread's next collective
+ * call (coll_check) and used by its post, if it gets that far */
+static _Thread_local const slime_comm_t *next_waited;
+static _Thread_local bool post_waited;
+
+void slime_comm_next_waited(slime_comm_t *comm) { next_waited = comm; }
+
 slime_status_t coll_check(const slime_comm_t *comm, slime_req_t **out, const char *name,
                           bool root_used, int root) {
+    post_waited = comm && next_waited == comm;
+    next_waited = NULL;
     if (out) *out = NULL;
     if (!comm) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL communicator", name);
     if (!out) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL request pointer", name);
@@ -219,6 +230,19 @@ static uint64_t run_here_grace_ns(int64_t timeout_ms) {
     return (grace_ms < 1000 ? grace_ms : 1000) * 1000000ull;
 }
 
+/* Under comm->mu: req's collective, if still queued without the worker
+ * woken for it (lazy), is the worker's now; its poster will not run it. */
+static void hand_over(slime_comm_t *comm, const slime_req_t *req) {
+    slime_list_t *pos;
+    for (pos = comm->queue.next; pos != &comm->queue; pos = pos->next) {
+        coll_op_t *op = container_of(pos, coll_op_t, link);
+        if (op->req != req) continue;
+        if (op->lazy && !comm->worker_watching) pthread_cond_signal(&comm->cv);
+        op->lazy = false;
+        return;
+    }
+}
+
 /* run_here of a collective's request: if its collective is next in line
  * and nothing runs, run it in this thread.  Only when the wait would
  * last about the collective's own timeout (run_here_grace_ns), since
@@ -239,10 +263,11 @@ static bool run_here(slime_req_t *req, void *key, uint64_t deadline_ns) {
     coll_op_t *op = NULL;
     int64_t t = atomic_load(&comm->timeout_ms);
     t = t > 0 ? t : 0;
-    bool long_enough = deadline_ns + run_here_grace_ns(t) >= now_ns() + (uint64_t)t * 1000000ull;
+    bool long_enough = deadline_ns && deadline_ns + run_here_grace_ns(t) >= now_ns() + (uint64_t)t * 1000000ull;
     if (long_enough && !comm->stopping && !list_empty(&comm->queue) &&
         list_first(&comm->queue, coll_op_t, link)->req == req)
         op = take_next(comm);
+    if (!op) hand_over(comm, req);
     pthread_mutex_unlock(&comm->mu);
     if (!op) return false;
     run_taken(comm, op);
@@ -260,6 +285,8 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
     }
     *op = *tmpl;
     op->req = req;
+    op->lazy = post_waited;
+    post_waited = false;
     list_init(&op->link);
 
     op->posted_ns = now_ns();
@@ -286,7 +313,7 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
         comm->worker_started = true;
     }
     list_push_back(&comm->queue, &op->link);
-    if (!comm->worker_watching) pthread_cond_signal(&comm->cv);
+    if (!op->lazy && !comm->worker_watching) pthread_cond_signal(&comm->cv);
     pthread_mutex_unlock(&comm->mu);
     *out = req;
     return SLIME_OK;

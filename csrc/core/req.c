@@ -105,6 +105,12 @@ void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
 
 static bool pred_done(void *arg) { return req_done(arg); }
 
+/* Nobody will wait on req: if a worker thread owes it work not started,
+ * that work must not wait for a waiter (p2p_run_here_fn, deadline 0). */
+static void worker_hand_over(slime_req_t *req) {
+    if (req->kind == REQ_WORKER && req->run_here && !req_done(req)) req->run_here(req, req->run_here_arg, 0);
+}
+
 static bool wait_req(slime_req_t *req, uint64_t deadline) {
     if (req->kind != REQ_WORKER) return ctx_wait_until(req->ctx, pred_done, req, deadline);
     /* work not yet started is done here: no hand-off to another thread
@@ -189,6 +195,7 @@ slime_status_t slime_req_cancel(slime_req_t *req) {
 
 void slime_req_free(slime_req_t *req) {
     if (!req) return;
+    worker_hand_over(req);
     if (req->cb) {
         /* its callback may still be due: the progress thread frees it */
         slime_ctx_t *ctx = req->ctx;
@@ -229,6 +236,8 @@ slime_status_t slime_req_on_complete(slime_req_t *req, slime_req_cb_t cb, void *
     if (!req || !cb) return slime_errorf(SLIME_ERR_INVAL, "req_on_complete: NULL argument");
     slime_ctx_t *ctx = req->ctx;
     bool now = false;
+    /* before arming: once armed, the callback may free req at any time */
+    worker_hand_over(req);
     if (!req_done(req)) {
         pthread_mutex_lock(&ctx->lock);
         if (req->cb) {

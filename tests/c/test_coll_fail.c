@@ -5,7 +5,8 @@
  * SLIME_ERR_PEER_LOST; mismatched sizes fail both sides; destroy fails
  * what is queued, and what a waiting caller runs itself.  After a failure
  * the communicator stays broken (later collectives fail fast) while a new
- * communicator works.
+ * communicator works.  A collective posted for a waiter that then does not
+ * wait long enough (slime_comm_next_waited) still runs.
  *
  * The time bounds are liveness bounds (a failure must not wait for an
  * unrelated timeout), not performance claims.
@@ -13,6 +14,7 @@
 #include "test_coll_util.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #define SLACK_MS 5000
@@ -439,6 +441,62 @@ static void destroy_waiter_running(h_rank_t *r)
     if (r->rank != 0) slime_comm_destroy(comm);
 }
 
+static void note_done(slime_req_t *req, void *arg)
+{
+    (void)req;
+    atomic_store((_Atomic bool *)arg, true);
+}
+
+/* Rank 0 polls req (slime_req_test runs no collective) until it is done. */
+static void poll_done(slime_req_t *q, _Atomic bool *flag)
+{
+    int64_t t0 = h_now_ms();
+    while (flag ? !atomic_load(flag) : slime_req_test(q) == SLIME_INPROGRESS) {
+        if (h_now_ms() - t0 > H_WAIT_MS) h_fail(__FILE__, __LINE__, "the collective never ran");
+        h_sleep_ms(1);
+    }
+}
+
+/* After slime_comm_next_waited the post does not wake the worker: what
+ * follows it, if not a wait long enough to run the collective, must hand
+ * it over.  Each round rank 0 follows it otherwise (a wait, freeing the
+ * request unwaited, a completion callback, a wait shorter than the
+ * communicator's timeout, and a hint spent on a refused call before a
+ * post it only polls) while the others wait; nobody posts again before
+ * the round's barrier, so a collective left unstarted fails the round. */
+static void next_waited(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, 5000);
+    const int n = r->nranks;
+    int64_t x[5]; /* rank 0 checks a freed round's sum after the last */
+    for (int round = 0; round < 5; round++) {
+        x[round] = r->rank + 1;
+        slime_req_t *q = NULL;
+        _Atomic bool called = false;
+        if (r->rank == 0) slime_comm_next_waited(comm);
+        if (r->rank == 0 && round == 4)
+            REFUSED(SLIME_ERR_INVAL, slime_allreduce(comm, NULL, 1, SLIME_DT_INT64, SLIME_RED_SUM, &q_));
+        H_CHECK_OK(slime_allreduce(comm, &x[round], 1, SLIME_DT_INT64, SLIME_RED_SUM, &q));
+        if (r->rank != 0 || round == 0)
+            H_CHECK_OK(slime_req_wait(q, H_WAIT_MS));
+        else if (round == 1)
+            slime_req_free(q);
+        else if (round == 2)
+            H_CHECK_OK(slime_req_on_complete(q, note_done, &called));
+        else if (round == 3)
+            H_CHECK_OK(slime_req_wait(q, 2000));
+        if (r->rank == 0 && (round == 2 || round == 4)) poll_done(q, round == 2 ? &called : NULL);
+        if (round != 1 || r->rank != 0) {
+            H_CHECK_STATUS(slime_req_test(q), SLIME_OK);
+            H_CHECK(x[round] == (int64_t)n * (n + 1) / 2);
+            slime_req_free(q);
+        }
+        h_barrier(r);
+    }
+    H_CHECK(x[1] == (int64_t)n * (n + 1) / 2);
+    slime_comm_destroy(comm);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -452,6 +510,7 @@ int main(int argc, char **argv)
         {"destroy_queued", destroy_queued, 2, false, 0},
         {"waiter_runs", waiter_runs, 3, false, 0},
         {"destroy_waiter_running", destroy_waiter_running, 2, false, 0},
+        {"next_waited", next_waited, 3, false, 0},
     };
     return h_main("test_coll_fail", cases, sizeof cases / sizeof cases[0], argc, argv);
 }

@@ -79,6 +79,25 @@ def _(env):
     same(doubled.wait(), ref * 2, env.size <= 2)
 
 
+@case("all_reduce-async-runs-unwaited")
+def _(env):
+    # A synchronous op's post leaves the collective to its wait; an async
+    # one must start with no wait: rank 0 waits on it only after a message
+    # rank 1 sends once its own all_reduce has returned.
+    x = data("unwaited", env.rank, (6,), torch.float32)
+    ref = gloo_all_reduce(x, R.SUM, env.gloo)
+    if env.rank == 0:
+        work = dist.all_reduce(x, async_op=True)
+        if env.size > 1:
+            dist.recv(torch.zeros(1), 1)
+        work.wait()
+    else:
+        dist.all_reduce(x)
+        if env.rank == 1:
+            dist.send(torch.ones(1), 0)
+    same(x, ref, env.size <= 2)
+
+
 @case("all_reduce_coalesced")
 def _(env):
     xs = [data("coal", env.rank * 3 + i, shape, torch.float32)

@@ -542,6 +542,16 @@ SLIME_API slime_status_t slime_comm_recv(slime_comm_t *comm, int peer,
 SLIME_API int slime_comm_req_source(const slime_comm_t *comm,
                                     const slime_req_t *req);
 
+/* Says that the calling thread waits on the next collective it posts on
+ * comm right after posting it (a synchronous op), so that post does not
+ * wake the communicator's worker thread: the wait runs the collective in
+ * this thread, and a wake-up would only cost both a turn.  A wait that
+ * cannot run it (another collective runs, or its timeout is shorter than
+ * the communicator's) hands it to the worker then, and so do freeing its
+ * request unwaited and slime_req_on_complete.  It applies to the next
+ * collective call of this thread on comm, whether that posts or fails. */
+SLIME_API void slime_comm_next_waited(slime_comm_t *comm);
+
 /* In place: buf holds count elements on every rank; on completion each
  * rank holds the reduction over all ranks. */
 SLIME_API slime_status_t slime_allreduce(slime_comm_t *comm, void *buf,
