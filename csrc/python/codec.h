@@ -39,6 +39,12 @@
 #define CODEC_NDIM_MAX 32
 #define CODEC_F_PICKLE 1u
 
+/* The body's tags (ASCII, for a readable dump). */
+enum {
+    TAG_NONE = 'N', TAG_TRUE = 'T', TAG_FALSE = 'F', TAG_INT = 'i', TAG_FLOAT = 'd', TAG_STR = 's',
+    TAG_BYTES = 'b', TAG_TUPLE = '(', TAG_LIST = '[', TAG_DICT = 0x7b, TAG_TENSOR = 'X',
+};
+
 /* torch's dtypes by their code on the wire; an entry is NULL where this
  * torch lacks that dtype. */
 typedef struct {

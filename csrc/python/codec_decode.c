@@ -161,14 +161,16 @@ static PyObject *read_shape(dec_t *d, size_t ndim)
     return shape;
 }
 
+/* Everything is checked before torch is imported: a malformed message
+ * costs no import. */
 static PyObject *decode_tensor(dec_t *d)
 {
     const unsigned char *at;
-    if (take(d, 6, &at) < 0 || codec_need_torch() < 0)
+    if (take(d, 6, &at) < 0)
         return NULL;
     unsigned code = at[0], ndim = at[1];
     uint32_t seg = codec_get_u32(at + 2);
-    if (code >= (unsigned)codec_ndtypes || !codec_dtypes[code].dtype)
+    if (code >= (unsigned)codec_ndtypes)
         return bad("a tensor of an unknown dtype");
     if (ndim > CODEC_NDIM_MAX || seg >= d->nseg)
         return bad(ndim > CODEC_NDIM_MAX ? "a tensor of too many dimensions" : "a tensor names no segment");
@@ -182,6 +184,10 @@ static PyObject *decode_tensor(dec_t *d)
     if (n < 0 || __builtin_mul_overflow(n, (int64_t)codec_dtypes[code].itemsize, &total)
         || (uint64_t)total != nbytes)
         t = bad("a tensor's shape does not match its segment");
+    else if (codec_need_torch() < 0)
+        t = NULL;
+    else if (!codec_dtypes[code].dtype)
+        t = bad("a tensor of a dtype this torch lacks");
     else
         t = make_tensor(d, codec_dtypes[code].dtype, shape, offset, n);
     Py_DECREF(shape);
@@ -209,17 +215,17 @@ static PyObject *decode(dec_t *d, int depth)
     if (take(d, 1, &at) < 0)
         return NULL;
     switch (*at) {
-    case 'N': return Py_NewRef(Py_None);
-    case 'T': return Py_NewRef(Py_True);
-    case 'F': return Py_NewRef(Py_False);
-    case 'i': return decode_number(d, 0);
-    case 'd': return decode_number(d, 1);
-    case 's': return decode_str(d, 0);
-    case 'b': return decode_str(d, 1);
-    case '(': return decode_seq(d, 1, depth);
-    case '[': return decode_seq(d, 0, depth);
-    case '{': return decode_dict(d, depth);
-    case 'X': return decode_tensor(d);
+    case TAG_NONE: return Py_NewRef(Py_None);
+    case TAG_TRUE: return Py_NewRef(Py_True);
+    case TAG_FALSE: return Py_NewRef(Py_False);
+    case TAG_INT: return decode_number(d, 0);
+    case TAG_FLOAT: return decode_number(d, 1);
+    case TAG_STR: return decode_str(d, 0);
+    case TAG_BYTES: return decode_str(d, 1);
+    case TAG_TUPLE: return decode_seq(d, 1, depth);
+    case TAG_LIST: return decode_seq(d, 0, depth);
+    case TAG_DICT: return decode_dict(d, depth);
+    case TAG_TENSOR: return decode_tensor(d);
     default: return bad("an unknown tag");
     }
 }

@@ -164,7 +164,7 @@ static int walk_tensor(enc_t *e, PyObject *obj)
         return PyErr_Occurred() ? WALK_ERROR : WALK_FALLBACK;
     }
     unsigned char *p = e->buf + e->len;
-    p[0] = 'X';
+    p[0] = TAG_TENSOR;
     p[1] = (unsigned char)code;
     p[2] = (unsigned char)ndim;
     codec_put_u32(p + 3, (uint32_t)(e->nseg - 1));
@@ -191,7 +191,7 @@ static int walk_seq(enc_t *e, PyObject *obj, char tag, int depth)
     Py_ssize_t i = 0;
     for (;; i++) {
         PyObject *item;
-        if (tag == '(')
+        if (tag == TAG_TUPLE)
             item = i < PyTuple_GET_SIZE(obj) ? PyTuple_GET_ITEM(obj, i) : NULL;
         else
             item = i < PyList_GET_SIZE(obj) ? PyList_GET_ITEM(obj, i) : NULL;
@@ -212,7 +212,7 @@ static int walk_seq(enc_t *e, PyObject *obj, char tag, int depth)
 static int walk_dict(enc_t *e, PyObject *obj, int depth)
 {
     size_t at = e->len;
-    if (put_tag_u32(e, '{', 0) < 0)
+    if (put_tag_u32(e, TAG_DICT, 0) < 0)
         return WALK_ERROR;
     Py_ssize_t pos = 0, n = 0;
     PyObject *k, *v;
@@ -241,13 +241,13 @@ static int walk_scalar(enc_t *e, PyObject *obj)
         long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
         if (overflow)
             return WALK_FALLBACK;
-        return put_tag_u64(e, 'i', (uint64_t)v) < 0 ? WALK_ERROR : WALK_OK;
+        return put_tag_u64(e, TAG_INT, (uint64_t)v) < 0 ? WALK_ERROR : WALK_OK;
     }
     if (PyFloat_CheckExact(obj)) {
         double d = PyFloat_AS_DOUBLE(obj);
         uint64_t bits;
         memcpy(&bits, &d, sizeof bits);
-        return put_tag_u64(e, 'd', bits) < 0 ? WALK_ERROR : WALK_OK;
+        return put_tag_u64(e, TAG_FLOAT, bits) < 0 ? WALK_ERROR : WALK_OK;
     }
     if (PyUnicode_CheckExact(obj)) {
         Py_ssize_t n;
@@ -256,10 +256,10 @@ static int walk_scalar(enc_t *e, PyObject *obj)
             PyErr_Clear();
             return WALK_FALLBACK;
         }
-        return put_bytes(e, 's', s, n);
+        return put_bytes(e, TAG_STR, s, n);
     }
     if (PyBytes_CheckExact(obj))
-        return put_bytes(e, 'b', PyBytes_AS_STRING(obj), PyBytes_GET_SIZE(obj));
+        return put_bytes(e, TAG_BYTES, PyBytes_AS_STRING(obj), PyBytes_GET_SIZE(obj));
     return WALK_FALLBACK;
 }
 
@@ -270,13 +270,13 @@ static int walk(enc_t *e, PyObject *obj, int depth)
     if (obj == Py_None || obj == Py_True || obj == Py_False) {
         if (grow(e, 1) < 0)
             return WALK_ERROR;
-        e->buf[e->len++] = obj == Py_None ? 'N' : obj == Py_True ? 'T' : 'F';
+        e->buf[e->len++] = obj == Py_None ? TAG_NONE : obj == Py_True ? TAG_TRUE : TAG_FALSE;
         return WALK_OK;
     }
     if (PyTuple_CheckExact(obj))
-        return walk_seq(e, obj, '(', depth);
+        return walk_seq(e, obj, TAG_TUPLE, depth);
     if (PyList_CheckExact(obj))
-        return walk_seq(e, obj, '[', depth);
+        return walk_seq(e, obj, TAG_LIST, depth);
     if (PyDict_CheckExact(obj))
         return walk_dict(e, obj, depth);
     if (e->tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)e->tensor_type))

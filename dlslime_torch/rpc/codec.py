@@ -58,7 +58,7 @@ def _pickle_body(obj, tensors):
 
 def _unpickle_body(message, start, end, segments):
     """The object in a pickled body message[start:end]; its tensors over
-    the message's segments."""
+    the message's segments.  ValueError if it does not unpickle."""
     mv = memoryview(message).cast("B")
     u = pickle.Unpickler(io.BytesIO(mv[start:end]))
 
@@ -75,7 +75,10 @@ def _unpickle_body(message, start, end, segments):
         flat = torch.frombuffer(mv, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
         return flat if len(shape) == 1 else flat.view(*shape)
     u.persistent_load = persistent_load
-    return u.load()
+    try:
+        return u.load()
+    except Exception as exc:   # whatever a corrupt pickle raises, one kind of error
+        raise ValueError(f"malformed rpc message: its pickle: {exc!r}") from exc
 
 
 def encode(obj):
