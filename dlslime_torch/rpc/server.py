@@ -49,6 +49,9 @@ class Server:
             if kind == KIND_DEFAULT:
                 args, kwargs = codec.decode(call)
                 head, tail = codec.encode(handler(*args, **kwargs))
+                # the arguments' tensors alias the request: gone before the
+                # reply, the request's slot need not be replaced (detached)
+                del args, kwargs
                 call.reply(head, timeout_ms=timeout, tail=tail)
             elif kind == KIND_INPLACE:
                 data = memoryview(call)
