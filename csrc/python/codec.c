@@ -66,8 +66,10 @@ int codec_tensor_type(PyObject **out)
     if (*out)
         return 0;
     PyObject *torch = PyImport_GetModule(codec_state.s_torch);
-    if (!torch)
+    if (!torch || torch == Py_None) {   /* None: a process that blocks torch's import */
+        Py_XDECREF(torch);
         return PyErr_Occurred() ? -1 : 0;
+    }
     int rc = load_torch(torch);
     Py_DECREF(torch);
     *out = codec_state.tensor_type;
