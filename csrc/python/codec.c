@@ -156,6 +156,8 @@ static const struct {
     {offsetof(codec_state_t, s_shape), "shape"},
     {offsetof(codec_state_t, s_is_cpu), "is_cpu"},
     {offsetof(codec_state_t, s_is_contiguous), "is_contiguous"},
+    {offsetof(codec_state_t, s_is_conj), "is_conj"},
+    {offsetof(codec_state_t, s_is_neg), "is_neg"},
     {offsetof(codec_state_t, s_data_ptr), "data_ptr"},
     {offsetof(codec_state_t, s_nbytes), "nbytes"},
     {offsetof(codec_state_t, s_view), "view"},

@@ -59,7 +59,8 @@ typedef struct {
     PyObject *empty;            /* torch.empty */
     PyObject *kw_frombuffer;    /* ("dtype", "count", "offset") */
     PyObject *kw_dtype;         /* ("dtype",) */
-    PyObject *s_torch, *s_dtype, *s_shape, *s_is_cpu, *s_is_contiguous, *s_data_ptr, *s_nbytes, *s_view;
+    PyObject *s_torch, *s_dtype, *s_shape, *s_is_cpu, *s_is_contiguous, *s_is_conj, *s_is_neg,
+        *s_data_ptr, *s_nbytes, *s_view;
 } codec_state_t;
 
 extern codec_state_t codec_state;

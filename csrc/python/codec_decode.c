@@ -28,6 +28,7 @@ static PyObject *bad(const char *why)
 
 static int take(dec_t *d, size_t n, const unsigned char **at)
 {
+    *at = d->p;   /* set on failure too: callers' reads stay initialised to the compiler */
     if ((size_t)(d->end - d->p) < n) {
         bad("a value runs past the end of the body");
         return -1;

@@ -85,25 +85,44 @@ static void enc_release(enc_t *e)
     memset(e, 0, sizeof *e);
 }
 
-/* A tensor as CPU and contiguous (a new reference): as it is where it
- * is already, else t.detach().cpu().contiguous(). */
-static PyObject *plain_tensor(PyObject *t)
+/* 1 if t.name (called: t.name()) is True, 0 if not, -1 on error. */
+static int truth(PyObject *t, PyObject *name, int call)
 {
-    PyObject *cpu = PyObject_GetAttr(t, codec_state.s_is_cpu);
-    if (!cpu)
+    PyObject *v = call ? PyObject_CallMethodNoArgs(t, name) : PyObject_GetAttr(t, name);
+    if (!v)
+        return -1;
+    int r = v == Py_True;
+    Py_DECREF(v);
+    return r;
+}
+
+/* Whether t's bytes are its values as they lie: on the CPU, contiguous,
+ * and (complex only, the one kind that has them) no lazy conjugation or
+ * negation.  -1 on error. */
+static int is_plain(PyObject *t, int code)
+{
+    int ok = truth(t, codec_state.s_is_cpu, 0);
+    if (ok == 1)
+        ok = truth(t, codec_state.s_is_contiguous, 1);
+    if (ok == 1 && (code < 0 || codec_dtypes[code].name[0] == 'c'))
+        ok = truth(t, codec_state.s_is_conj, 1) == 0 && truth(t, codec_state.s_is_neg, 1) == 0 ? 1
+             : PyErr_Occurred() ? -1 : 0;
+    return ok;
+}
+
+/* t as a plain tensor (is_plain; a new reference): itself if it is one,
+ * else a copy; its dtype's wire code (-1: none) in *code. */
+static PyObject *plain_tensor(PyObject *t, int *code)
+{
+    PyObject *dtype = PyObject_GetAttr(t, codec_state.s_dtype);
+    if (!dtype)
         return NULL;
-    int ok = cpu == Py_True;
-    Py_DECREF(cpu);
-    if (ok) {
-        PyObject *c = PyObject_CallMethodNoArgs(t, codec_state.s_is_contiguous);
-        if (!c)
-            return NULL;
-        ok = c == Py_True;
-        Py_DECREF(c);
-    }
-    if (ok)
-        return Py_NewRef(t);
-    static const char *const steps[] = {"detach", "cpu", "contiguous"};
+    *code = codec_dtype_code(dtype);
+    Py_DECREF(dtype);
+    int ok = is_plain(t, *code);
+    if (ok != 0)
+        return ok < 0 ? NULL : Py_NewRef(t);
+    static const char *const steps[] = {"detach", "cpu", "resolve_conj", "resolve_neg", "contiguous"};
     PyObject *cur = Py_NewRef(t);
     for (size_t i = 0; cur && i < sizeof(steps) / sizeof(steps[0]); i++) {
         PyObject *next = PyObject_CallMethod(cur, steps[i], NULL);
@@ -114,8 +133,8 @@ static PyObject *plain_tensor(PyObject *t)
 }
 
 /* Adds tensor obj as the next segment; its plain tensor (borrowed, the
- * segment keeps it) in *plain. */
-static int add_segment(enc_t *e, PyObject *obj, PyObject **plain)
+ * segment keeps it) in *plain, its dtype's wire code in *code. */
+static int add_segment(enc_t *e, PyObject *obj, PyObject **plain, int *code)
 {
     if (e->nseg == e->segcap) {
         size_t cap = e->segcap ? 2 * e->segcap : 4;
@@ -127,7 +146,7 @@ static int add_segment(enc_t *e, PyObject *obj, PyObject **plain)
         e->segs = segs;
         e->segcap = cap;
     }
-    PyObject *t = plain_tensor(obj);
+    PyObject *t = plain_tensor(obj, code);
     if (!t)
         return -1;
     PyObject *ptr = PyObject_CallMethodNoArgs(t, codec_state.s_data_ptr);
@@ -148,13 +167,9 @@ static int add_segment(enc_t *e, PyObject *obj, PyObject **plain)
 static int walk_tensor(enc_t *e, PyObject *obj)
 {
     PyObject *t;
-    if (add_segment(e, obj, &t) < 0)
+    int code;
+    if (add_segment(e, obj, &t, &code) < 0)
         return WALK_ERROR;
-    PyObject *dtype = PyObject_GetAttr(t, codec_state.s_dtype);
-    if (!dtype)
-        return WALK_ERROR;
-    int code = codec_dtype_code(dtype);
-    Py_DECREF(dtype);
     PyObject *shape = PyObject_GetAttr(t, codec_state.s_shape);
     if (!shape)
         return WALK_ERROR;
@@ -307,7 +322,8 @@ static int pickle_into(enc_t *e, PyObject *obj, PyObject *pickle_body)
     PyBuffer_Release(&view);
     for (Py_ssize_t i = 0; !PyErr_Occurred() && i < PyList_GET_SIZE(tensors); i++) {
         PyObject *plain;
-        add_segment(e, PyList_GET_ITEM(tensors, i), &plain);
+        int code;
+        add_segment(e, PyList_GET_ITEM(tensors, i), &plain, &code);
     }
     Py_DECREF(tensors);
     return PyErr_Occurred() ? -1 : 0;

@@ -59,6 +59,7 @@ TAGGED = {
     "shapes": [torch.tensor(3.0), torch.zeros(0, 5), torch.randn(2, 3, 4, 5), torch.randn(1, 1, 1)],
     "not contiguous": torch.randn(40, 30).t(),
     "same tensor twice": [torch.ones(2)] * 3,
+    "lazy conjugate and negation": [torch.tensor([1 + 2j, 3 - 1j]).conj(), torch.tensor([1j, 2])._neg_view()],
 }
 
 PICKLED = {
