@@ -9,11 +9,15 @@ codec_state_t codec_state;
 
 /* The wire codes are the indices: append only. */
 codec_dtype_t codec_dtypes[] = {
-    {"float32", 4, NULL},  {"float64", 8, NULL},    {"float16", 2, NULL},    {"bfloat16", 2, NULL},
-    {"uint8", 1, NULL},    {"int8", 1, NULL},       {"int16", 2, NULL},      {"int32", 4, NULL},
-    {"int64", 8, NULL},    {"bool", 1, NULL},       {"complex64", 8, NULL},  {"complex128", 16, NULL},
-    {"uint16", 2, NULL},   {"uint32", 4, NULL},     {"uint64", 8, NULL},     {"complex32", 4, NULL},
-    {"float8_e4m3fn", 1, NULL}, {"float8_e5m2", 1, NULL},
+    {.name = "float32", .itemsize = 4},       {.name = "float64", .itemsize = 8},
+    {.name = "float16", .itemsize = 2},       {.name = "bfloat16", .itemsize = 2},
+    {.name = "uint8", .itemsize = 1},         {.name = "int8", .itemsize = 1},
+    {.name = "int16", .itemsize = 2},         {.name = "int32", .itemsize = 4},
+    {.name = "int64", .itemsize = 8},         {.name = "bool", .itemsize = 1},
+    {.name = "complex64", .itemsize = 8},     {.name = "complex128", .itemsize = 16},
+    {.name = "uint16", .itemsize = 2},        {.name = "uint32", .itemsize = 4},
+    {.name = "uint64", .itemsize = 8},        {.name = "float8_e4m3fn", .itemsize = 1},
+    {.name = "float8_e5m2", .itemsize = 1},
 };
 const int codec_ndtypes = (int)(sizeof(codec_dtypes) / sizeof(codec_dtypes[0]));
 
@@ -22,19 +26,29 @@ static int load_dtypes(PyObject *torch)
     PyObject *dtype_type = PyObject_GetAttrString(torch, "dtype");
     if (!dtype_type)
         return -1;
-    for (int i = 0; i < codec_ndtypes; i++) {
+    PyObject *empty = PyObject_GetAttrString(torch, "empty");
+    int rc = empty ? 0 : -1;
+    for (int i = 0; rc == 0 && i < codec_ndtypes; i++) {
         PyObject *d = PyObject_GetAttrString(torch, codec_dtypes[i].name);
-        if (!d) {
+        if (!d || !PyObject_TypeCheck(d, (PyTypeObject *)dtype_type)) {
             PyErr_Clear();   /* an older torch: that code is unknown here */
+            Py_XDECREF(d);
             continue;
         }
-        if (PyObject_TypeCheck(d, (PyTypeObject *)dtype_type))
-            codec_dtypes[i].dtype = d;
-        else
+        PyObject *like = PyObject_CallFunction(empty, "(i)", 0);
+        PyObject *typed = like ? PyObject_CallMethod(like, "to", "(O)", d) : NULL;
+        Py_XDECREF(like);
+        if (!typed) {
             Py_DECREF(d);
+            rc = -1;
+            break;
+        }
+        codec_dtypes[i].dtype = d;
+        codec_dtypes[i].like = typed;
     }
+    Py_XDECREF(empty);
     Py_DECREF(dtype_type);
-    return 0;
+    return rc;
 }
 
 static int load_torch(PyObject *torch)
@@ -49,10 +63,8 @@ static int load_torch(PyObject *torch)
         return -1;
     }
     s->frombuffer = PyObject_GetAttrString(torch, "frombuffer");
-    s->empty = PyObject_GetAttrString(torch, "empty");
-    if (!s->frombuffer || !s->empty || load_dtypes(torch) < 0) {
+    if (!s->frombuffer || load_dtypes(torch) < 0) {
         Py_CLEAR(s->frombuffer);
-        Py_CLEAR(s->empty);
         Py_DECREF(tensor);
         return -1;
     }
@@ -159,6 +171,7 @@ static const struct {
     {offsetof(codec_state_t, s_is_conj), "is_conj"},
     {offsetof(codec_state_t, s_is_neg), "is_neg"},
     {offsetof(codec_state_t, s_data_ptr), "data_ptr"},
+    {offsetof(codec_state_t, s_new_empty), "new_empty"},
     {offsetof(codec_state_t, s_nbytes), "nbytes"},
     {offsetof(codec_state_t, s_view), "view"},
 };
@@ -182,8 +195,7 @@ int slime_py_codec_init(PyObject *module)
         if (intern((PyObject **)((char *)s + interned[i].offset), interned[i].name) < 0)
             return -1;
     s->kw_frombuffer = Py_BuildValue("(sss)", "dtype", "count", "offset");
-    s->kw_dtype = Py_BuildValue("(s)", "dtype");
-    if (!s->kw_frombuffer || !s->kw_dtype || PyType_Ready(&CodecPin_Type) < 0)
+    if (!s->kw_frombuffer || PyType_Ready(&CodecPin_Type) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "CODEC_TAIL_MIN", CODEC_TAIL_MIN) < 0
         || PyModule_AddIntConstant(module, "CODEC_DEPTH_MAX", CODEC_DEPTH_MAX) < 0

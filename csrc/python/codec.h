@@ -51,16 +51,15 @@ typedef struct {
     const char *name;
     int itemsize;
     PyObject *dtype;
+    PyObject *like;   /* an empty tensor of it: like.new_empty(*dims) parses no dtype= */
 } codec_dtype_t;
 
 typedef struct {
     PyObject *tensor_type;      /* torch.Tensor, once torch is imported */
     PyObject *frombuffer;       /* torch.frombuffer */
-    PyObject *empty;            /* torch.empty */
     PyObject *kw_frombuffer;    /* ("dtype", "count", "offset") */
-    PyObject *kw_dtype;         /* ("dtype",) */
     PyObject *s_torch, *s_dtype, *s_shape, *s_is_cpu, *s_is_contiguous, *s_is_conj, *s_is_neg,
-        *s_data_ptr, *s_nbytes, *s_view;
+        *s_data_ptr, *s_new_empty, *s_nbytes, *s_view;
 } codec_state_t;
 
 extern codec_state_t codec_state;

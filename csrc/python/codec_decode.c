@@ -5,8 +5,8 @@
  * checked against the bytes left, a container's count must fit in what
  * is left (each item takes at least one byte), so no allocation is
  * larger than the message, and nesting stops at CODEC_DEPTH_MAX.
- * Tensors alias the message's memory through torch.frombuffer, so they
- * keep the message alive.
+ * A tail tensor aliases the message's memory through torch.frombuffer
+ * (and keeps the message alive); smaller ones are copies.
  */
 #include "codec.h"
 
@@ -14,6 +14,7 @@
 
 typedef struct {
     const unsigned char *p, *end;   /* the body not read yet */
+    const unsigned char *base;      /* the message */
     const unsigned char *segs;      /* the segment table */
     size_t nseg;
     PyObject *msg;                  /* the message (a buffer object) */
@@ -118,15 +119,35 @@ static int64_t numel(PyObject *shape)
     return n;
 }
 
-/* A tensor over the segment's bytes: shape (a tuple of ints >= 0),
- * dtype (borrowed). */
-static PyObject *make_tensor(dec_t *d, PyObject *dtype, PyObject *shape, uint64_t offset, int64_t n)
+/* A new tensor of shape, of like's dtype, holding a copy of the nbytes
+ * at src.  The dims go as separate arguments: torch parses a tuple, or
+ * a dtype= keyword, much slower. */
+static PyObject *copied_tensor(PyObject *like, PyObject *shape, const unsigned char *src, size_t nbytes)
+{
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+    PyObject *args[CODEC_NDIM_MAX + 1] = {like, shape};   /* a scalar: like.new_empty(()) */
+    for (Py_ssize_t i = 0; i < ndim; i++)
+        args[i + 1] = PyTuple_GET_ITEM(shape, i);
+    size_t nargs = ndim ? (size_t)ndim + 1 : 2;
+    PyObject *t = PyObject_VectorcallMethod(codec_state.s_new_empty, args, nargs, NULL);
+    if (!t || !nbytes)
+        return t;
+    PyObject *ptr = PyObject_CallMethodNoArgs(t, codec_state.s_data_ptr);
+    void *dst = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
+    Py_XDECREF(ptr);
+    if (!dst) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    memcpy(dst, src, nbytes);
+    return t;
+}
+
+/* A tensor over the message's bytes at offset (torch.frombuffer: it
+ * keeps the message alive), viewed as shape. */
+static PyObject *aliased_tensor(dec_t *d, PyObject *dtype, PyObject *shape, uint64_t offset, int64_t n)
 {
     codec_state_t *s = &codec_state;
-    if (n == 0) {
-        PyObject *args[2] = {shape, dtype};
-        return PyObject_Vectorcall(s->empty, args, 1, s->kw_dtype);
-    }
     if (!d->view && !(d->view = PyMemoryView_FromObject(d->msg)))
         return NULL;
     PyObject *cnt = PyLong_FromLongLong(n);
@@ -138,11 +159,28 @@ static PyObject *make_tensor(dec_t *d, PyObject *dtype, PyObject *shape, uint64_
     }
     Py_XDECREF(cnt);
     Py_XDECREF(off);
-    if (!flat || PyTuple_GET_SIZE(shape) == 1)
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+    if (!flat || ndim == 1)
         return flat;
-    PyObject *t = PyObject_CallMethodOneArg(flat, s->s_view, shape);
+    PyObject *args[CODEC_NDIM_MAX + 1] = {flat};
+    for (Py_ssize_t i = 0; i < ndim; i++)
+        args[i + 1] = PyTuple_GET_ITEM(shape, i);
+    PyObject *t = ndim ? PyObject_VectorcallMethod(s->s_view, args, (size_t)ndim + 1, NULL)
+                       : PyObject_CallMethodOneArg(flat, s->s_view, shape);
     Py_DECREF(flat);
     return t;
+}
+
+/* A tensor of n elements from the segment at offset: one of TAIL_MIN
+ * bytes or more is used where it lies (no copy of a large tensor); a
+ * smaller one is copied, which costs fewer torch calls than a view of
+ * the message and does not keep the whole message alive. */
+static PyObject *make_tensor(dec_t *d, const codec_dtype_t *dt, PyObject *shape, uint64_t offset, int64_t n,
+                             size_t nbytes)
+{
+    if (nbytes < CODEC_TAIL_MIN)
+        return copied_tensor(dt->like, shape, d->base + offset, nbytes);
+    return aliased_tensor(d, dt->dtype, shape, offset, n);
 }
 
 static PyObject *read_shape(dec_t *d, size_t ndim)
@@ -190,7 +228,7 @@ static PyObject *decode_tensor(dec_t *d)
     else if (!codec_dtypes[code].dtype)
         t = bad("a tensor of a dtype this torch lacks");
     else
-        t = make_tensor(d, codec_dtypes[code].dtype, shape, offset, n);
+        t = make_tensor(d, &codec_dtypes[code], shape, offset, n, (size_t)nbytes);
     Py_DECREF(shape);
     return t;
 }
@@ -298,8 +336,8 @@ PyObject *slime_py_codec_decode(PyObject *module, PyObject *const *args, Py_ssiz
     Py_buffer buf;
     if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
         return NULL;
-    dec_t d = {.msg = args[0]};
     const unsigned char *m = buf.buf;
+    dec_t d = {.msg = args[0], .base = m};
     uint32_t flags;
     PyObject *obj = NULL;
     if (check_head(&d, m, (size_t)buf.len, &flags) == 0) {

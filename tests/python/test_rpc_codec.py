@@ -108,9 +108,13 @@ def test_tensors_out_of_band_and_the_tail(fallback):
     msg = bytearray(head) + bytes(memoryview(tail))
     got = codec.decode(msg)
     assert all(_same(a, b) for a, b in zip(obj, got))
-    # decoded tensors alias the message: no copy on the way in
+    # tensors of TAIL_MIN bytes or more alias the message (no copy of a
+    # large tensor); the tagged path copies smaller ones, which then do
+    # not keep it alive
     base = torch.frombuffer(msg, dtype=torch.uint8).data_ptr()
     assert got[1].data_ptr() == base + len(head)
+    assert base < got[2].data_ptr() < base + len(head)
+    assert (base <= got[0].data_ptr() < base + len(msg)) == fallback
 
 
 def test_tail_keeps_its_tensor():
