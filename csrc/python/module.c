@@ -4,6 +4,7 @@
  * The binding mirrors dlslime.h one to one; see slime_py.h for what it
  * adds on top (lifetimes, GIL, exceptions).
  */
+#include "codec.h"
 #include "slime_py.h"
 
 static PyObject *module_desc_length(PyObject *module, PyObject *arg)
@@ -160,7 +161,8 @@ PyMODINIT_FUNC PyInit__C(void)
     if (!module)
         return NULL;
     if (add_types(module) < 0 || slime_py_errors_init(module) < 0
-        || slime_py_rpc_init(module) < 0 || slime_py_rdma_init(module) < 0)
+        || slime_py_rpc_init(module) < 0 || slime_py_codec_init(module) < 0
+        || slime_py_rdma_init(module) < 0)
         goto fail;
     for (size_t i = 0; i < sizeof(int_constants) / sizeof(int_constants[0]); i++)
         if (PyModule_AddIntConstant(module, int_constants[i].name,

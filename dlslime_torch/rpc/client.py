@@ -21,24 +21,19 @@ class Future:
     (RemoteRpcError, RpcTimeoutError, RpcError); `await future` works in
     asyncio (the wait runs in the loop's default executor)."""
 
-    __slots__ = ("_req", "_kind", "_timeout", "_done", "_result", "_error", "_scratch", "_out",
-                 "__weakref__")
+    __slots__ = ("_req", "_kind", "_timeout", "_done", "_result", "_error", "_out", "__weakref__")
 
-    def __init__(self, req, kind, timeout, scratch=None, out=None):
+    def __init__(self, req, kind, timeout, out=None):
         self._req = req
         self._kind = kind
         self._timeout = timeout
         self._done = False
         self._result = None
         self._error = None
-        self._scratch = scratch   # the request's buffer, reused once it has left
         self._out = out           # the caller's buffer for the reply
 
     def _finish(self, remote_error):
         req = self._req
-        if self._scratch is not None:   # a reply came: the request has left
-            codec.scratch_put(self._scratch)
-            self._scratch = None
         if remote_error:
             self._error = decode_remote(memoryview(req))
         elif self._out is not None:
@@ -126,9 +121,9 @@ class _Method:
 
     def __call__(self, *args, **kwargs):
         p = self._proxy
-        scratch = tail = out = None
+        tail = out = None
         if self._kind == KIND_DEFAULT:
-            scratch, payload, tail = codec.Encoded((args, kwargs)).to_scratch()
+            payload, tail = codec.encode((args, kwargs))
         else:
             out = kwargs.pop("out", None)
             if len(args) != 1 or kwargs:
@@ -144,7 +139,7 @@ class _Method:
             raise RpcError(f"rpc: the server is gone: {exc}") from exc
         except _C.SlimeError as exc:
             raise RpcError(f"rpc call failed: {exc}") from exc
-        return Future(req, self._kind, p.timeout, scratch, out)
+        return Future(req, self._kind, p.timeout, out)
 
 
 class Proxy:

@@ -48,7 +48,11 @@ class Server:
         try:
             if kind == KIND_DEFAULT:
                 args, kwargs = codec.decode(call)
-                self._reply_encoded(call, codec.Encoded(handler(*args, **kwargs)), timeout)
+                head, tail = codec.encode(handler(*args, **kwargs))
+                # the arguments' tensors alias the request: gone before the
+                # reply, the request's slot need not be replaced (detached)
+                del args, kwargs
+                call.reply(head, timeout_ms=timeout, tail=tail)
             elif kind == KIND_INPLACE:
                 data = memoryview(call)
                 cap = max_reply if max_reply is not None else max(len(data), INLINE_ROOM)
@@ -75,17 +79,6 @@ class Server:
             except RuntimeError:
                 pass  # answered already (the reply itself failed: the client is gone)
         self.served += 1
-
-    @staticmethod
-    def _reply_encoded(call, enc, timeout):
-        if enc.tail is None:   # built where it is sent from
-            buf = call.reply_buffer(enc.nbytes)
-            enc.write_into(buf)
-            call.commit(enc.nbytes, timeout_ms=timeout)
-        else:                  # the tail tensor is sent from its own memory
-            head = bytearray(enc.head_len)
-            enc.write_head(head)
-            call.reply(head, timeout_ms=timeout, tail=enc.tail_buffer())
 
     def serve_once(self, timeout=None):
         """Serves one call; returns False if none came within timeout."""

@@ -5,14 +5,15 @@ name is its module and qualified name (or the class attribute rpc_name),
 and every id derives from names only, so the two sides agree without
 talking: a method's id hashes "<service>.<method>", the port the server
 listens on hashes the service name, and the digest hashes every method's
-name and kind, so that a client and a server with different definitions
-are refused at connect time instead of calling the wrong method.
+name and kind (and the codec's version), so that a client and a server
+with different definitions are refused at connect time instead of
+calling the wrong method.
 """
 
 import hashlib
 import inspect
 
-KIND_DEFAULT = "default"   # pickled args and result, tensors as raw bytes
+KIND_DEFAULT = "default"   # args and result by codec.py, tensors as raw bytes
 KIND_RAW = "raw"           # bytes in, bytes-like out
 KIND_INPLACE = "raw_inplace"  # bytes in, reply written into the send buffer
 KIND_STREAM = "stream"     # a generator: the caller iterates its items (stream.py)
@@ -46,6 +47,11 @@ def method(fn=None, *, raw=False, inplace=False, max_reply=None):
     return mark(fn) if fn is not None else mark
 
 
+# The message format of default methods (codec.py); in the digest, so a
+# peer with another format is refused at connect instead of misreading.
+CODEC_VERSION = 2
+
+
 def _h64(text):
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
@@ -72,7 +78,7 @@ class ServiceSpec:
         if len(self.by_id) != len(self.methods):
             raise TypeError(f"{self.name}: two methods hash to one id; rename one")
         definition = self.name + "|" + ";".join(f"{n}:{k}" for n, (_, k, _) in sorted(self.methods.items()))
-        self.digest = _h64("digest|" + definition)
+        self.digest = _h64(f"digest|codec{CODEC_VERSION}|" + definition)
         self.port = _h64("port|" + self.name) & 0xFFFF
 
 
