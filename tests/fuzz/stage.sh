@@ -74,5 +74,9 @@ for target in "$bin"/fuzz_*; do
         failed+=("fuzz_$name")
     fi
 done
+for dir in tests/fuzz/corpus/*/; do
+    name=$(basename "$dir")
+    [[ -x $bin/fuzz_$name ]] || echo "fuzz_$name: not built here, so not run (tests/fuzz/CMakeLists.txt: what it needs)"
+done
 echo "fuzz stage: $(($(date +%s) - start)) s"
 ((${#failed[@]} == 0))
