@@ -20,10 +20,20 @@ ECHO_BYTES = 4096
 
 
 def rss_kib():
-    """This process's resident set now (from /proc, not the peak)."""
+    """This process's private resident set now (from /proc, not the peak):
+    the heap a peer could make grow.  Shared pages are left out: an shm
+    peer's rings (8 MiB, mapped populated) are resident while it is
+    connected, and whether a departed one's are still mapped is what
+    mappings() tells."""
     with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * resource.getpagesize() // 1024
+        resident, shared = (int(v) for v in f.read().split()[1:3])
+    return (resident - shared) * resource.getpagesize() // 1024
+
+
+def mappings():
+    """How many memory mappings this process has."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
 
 
 def open_fds():
@@ -39,7 +49,7 @@ def limit_fds(headroom):
 def target(link, transport, fd_headroom=None, token=TOKEN):
     """A context with the suite's token; on ("serve", id) it accepts
     peers until the one with context id, and echoes one message to it
-    (a rogue it welcomed may come first); "rss" answers its resident set in KiB; ("why", id) why the endpoint of
+    (a rogue it welcomed may come first); "rss" answers its private resident set in KiB; ("why", id) why the endpoint of
     peer id went down (why_down);
     ("fds", n) lets it open n more fds (fd_headroom at the start).  With
     token None, the context is made without one."""
