@@ -12,7 +12,7 @@
  *
  * A block that the pool has no idle one for is still faulted in afresh:
  * the first calls after start-up, or a larger payload than before.  A
- * block of HUGE bytes or more is aligned to HUGE and asks for
+ * block of HUGE_PAGE bytes or more is aligned to HUGE_PAGE and asks for
  * transparent huge pages, so it faults in a few 2 MiB pages instead of
  * 512 small ones each (a 4 MiB payload: 2 faults, not 1024; the 4 KiB
  * faults cost a cold 4 MiB call several milliseconds in a VM).
@@ -33,7 +33,7 @@
 #define POOL_ROUND (64u << 10)
 #define POOL_IDLE_MAX 8
 #define PRIME_MB_DEFAULT 8
-#define HUGE (2u << 20) /* a transparent huge page on x86-64 and arm64 (4 KiB base pages) */
+#define HUGE_PAGE (2u << 20) /* a transparent huge page on x86-64 and arm64 (4 KiB base pages) */
 
 typedef struct pooled {
     void *p;
@@ -70,9 +70,9 @@ static void release(void *p) {
 
 /* A new block of cap bytes. */
 static void *fresh_block(size_t cap) {
-    if (cap < HUGE) return malloc(cap);
+    if (cap < HUGE_PAGE) return malloc(cap);
     void *p = NULL;
-    if (posix_memalign(&p, HUGE, cap)) return NULL;
+    if (posix_memalign(&p, HUGE_PAGE, cap)) return NULL;
     (void)madvise(p, cap, MADV_HUGEPAGE); /* advice: small pages if refused */
     return p;
 }
