@@ -355,6 +355,7 @@ slime_status_t slime_rpc_client_create(slime_ctx_t *ctx, slime_ep_t *ep, uint16_
         st = rpc_slot_post(ctx, ep, slot, o.slot_size, reply_tag(cli));
         if (st == SLIME_OK) list_push_back(&cli->posted, &slot->link);
     }
+    if (st == SLIME_OK) rpc_mem_prime();
     if (st == SLIME_OK) st = hello(cli, timeout_ms);
     if (st != SLIME_OK) {
         char why[400];

@@ -94,6 +94,9 @@ void rpc_slot_free(rpc_slot_t *slot);
 /* payload_pool.c: memory for payloads; large buffers are reused, not
  * faulted in afresh for every call.  Free with slime_rpc_mem_free. */
 void *rpc_mem_alloc(size_t len);
+/* Once per process, at the first channel: one faulted idle block (see
+ * payload_pool.c), so a first large call does not fault in its payload. */
+void rpc_mem_prime(void);
 /* The header of a completed slot, or NULL (with a detail in why) if the
  * message is no RPC header.  The version is the caller's to check (a
  * hello of another version deserves an answer that says so). */

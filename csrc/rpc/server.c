@@ -401,6 +401,7 @@ slime_status_t slime_rpc_server_create(slime_ctx_t *ctx, uint16_t port, uint64_t
     if (o.credits < 1 || o.credits > SLIME_RPC_CREDITS_MAX || o.max_slots < 1)
         return slime_errorf(SLIME_ERR_INVAL, "rpc_server_create: credits %u (1..%d) or max_slots %u (>= 1)",
                             o.credits, SLIME_RPC_CREDITS_MAX, o.max_slots);
+    rpc_mem_prime();
     slime_rpc_server_t *srv = calloc(1, sizeof *srv);
     uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
     if (!srv || !ids) {

@@ -97,6 +97,9 @@ class Server:
                 return
             if call is not None:
                 self._answer(call)
+                # dropped now, not when the next call comes: its payload
+                # buffer goes back to the pool for the next request
+                call = None
 
     def start(self):
         """Runs the worker threads in the background."""
