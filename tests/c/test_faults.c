@@ -145,17 +145,25 @@ static void case_stopped_sender(h_rank_t *r)
  * itself (shm by CMA, verbs by RDMA) completes them, since nothing waits
  * on the peer's CPU; over tcp the peer's engine serves them, so they fail
  * for its silence. */
+/* The victim offers buf (filled from seed) and lingers; rank 0 gets its
+ * descriptor and registers its own buf for the reads. */
+static slime_mr_t *victim_region(h_rank_t *r, uint8_t *buf, size_t len, uint64_t seed, slime_mr_desc_t *remote)
+{
+    if (r->rank == VICTIM) {
+        h_fill(buf, len, seed, 0);
+        h_send_desc(r, 0, h_mr_reg(r->ctx, buf, len, SLIME_ACCESS_ALL));
+        linger();
+    }
+    *remote = h_recv_desc(r, VICTIM);
+    return h_mr_reg(r->ctx, buf, len, SLIME_ACCESS_ALL);
+}
+
 static void case_onesided_into_stopped(h_rank_t *r)
 {
     const size_t len = 4u << 20;
     uint8_t *buf = h_alloc(len);
-    if (r->rank == VICTIM) {
-        h_fill(buf, len, 91, 0);
-        h_send_desc(r, 0, h_mr_reg(r->ctx, buf, len, SLIME_ACCESS_ALL));
-        linger();
-    }
-    slime_mr_desc_t remote = h_recv_desc(r, VICTIM);
-    slime_mr_t *mr = h_mr_reg(r->ctx, buf, len, SLIME_ACCESS_ALL);
+    slime_mr_desc_t remote;
+    slime_mr_t *mr = victim_region(r, buf, len, 91, &remote);
     slime_req_t *req = NULL;
     /* a first read while the victim runs: verbs asks a region's owner for
      * its key once (verbs_rkeys.c), and only later reads are the device's
@@ -186,13 +194,8 @@ static void case_first_onesided_into_stopped(h_rank_t *r)
 {
     const size_t len = 64u << 10;
     uint8_t *buf = h_alloc(len);
-    if (r->rank == VICTIM) {
-        h_fill(buf, len, 92, 0);
-        h_send_desc(r, 0, h_mr_reg(r->ctx, buf, len, SLIME_ACCESS_ALL));
-        linger();
-    }
-    slime_mr_desc_t remote = h_recv_desc(r, VICTIM);
-    slime_mr_t *mr = h_mr_reg(r->ctx, buf, len, SLIME_ACCESS_ALL);
+    slime_mr_desc_t remote;
+    slime_mr_t *mr = victim_region(r, buf, len, 92, &remote);
     slime_req_t *req = NULL;
     int64_t stopped_at = h_now_ms();
     stop_victim(r);
