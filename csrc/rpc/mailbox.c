@@ -9,8 +9,9 @@
 void slime_rpc_opts_init(slime_rpc_opts_t *opts) {
     if (!opts) return;
     memset(opts, 0, sizeof *opts);
-    /* the shm transport's eager limit: an inline message is one eager
-     * send; bigger payloads go by rendezvous (single copy) anyway */
+    /* at most every transport's eager limit (verbs' 64 KiB; shm and tcp
+     * go eagerly up to 256 KiB): an inline message is one eager send;
+     * bigger payloads go by rendezvous (single copy) anyway */
     opts->slot_size = 64 * 1024;
     opts->credits = 16;
     opts->max_slots = 1024;
