@@ -36,6 +36,27 @@ def mappings():
         return sum(1 for _ in f)
 
 
+def footprint():
+    """(private resident KiB, mappings): what assert_flat compares."""
+    return rss_kib(), mappings()
+
+
+# A server that lets go of what each departed peer left grows by neither:
+# the old code grew by about 1 KiB a peer (1-2 MiB over a test's cycles);
+# a peer still connected when asked holds a ring mapping or two, one left
+# behind by each departed peer would be hundreds.
+GROWTH_MAX_KIB = 512
+MAPPINGS_MAX = 16
+
+
+def assert_flat(warm, end, who, peers):
+    """The footprint end is that of warm, over peers that came and went."""
+    print(f"{who}: (private KiB, mappings) {warm} -> {end} over {peers}")  # with -s
+    assert end[0] - warm[0] < GROWTH_MAX_KIB, f"{who} grew by {end[0] - warm[0]} KiB over {peers} that came and went"
+    assert end[1] - warm[1] < MAPPINGS_MAX, (
+        f"{who} has {end[1] - warm[1]} more mappings after {peers} came and went")
+
+
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
 

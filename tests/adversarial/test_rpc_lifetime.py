@@ -16,19 +16,13 @@ import pytest
 from c_peer import CONNECT_TIMEOUT_MS, Peer
 from dlslime_torch import _C
 from rogue import TOKEN
-from target import WAIT_MS, mappings, rss_kib, serve_echo
+from target import WAIT_MS, assert_flat, footprint, serve_echo
 
 pytestmark = pytest.mark.timeout(600)
 
 PORT, DIGEST, ECHO = 93, 0x11FE, 1
 CYCLES = 1500
 WARM = 500
-# the old server grew by about 1 KiB a client (1 MiB over the measured
-# cycles); now it does not grow at all
-GROWTH_MAX_KIB = 512
-# a client still connected when the server is asked holds a ring mapping
-# or two; one left behind by each departed client would be hundreds
-MAPPINGS_MAX = 16
 
 
 def echo_server(link, transport):
@@ -40,7 +34,7 @@ def echo_server(link, transport):
     thread = serve_echo(srv)
     link.put(ctx.address())
     while link.get(timeout=600) == "rss":
-        link.put((rss_kib(), mappings()))
+        link.put(footprint())
     srv.close()
     thread.join()
     ctx.close()
@@ -74,8 +68,4 @@ def test_rpc_server_memory_is_flat_over_clients_that_come_and_go(transport):
         end = server.get()
         server.put("bye")
         server.finish()
-    print(f"{transport}: rpc server (private KiB, mappings) {warm} -> {end} over {CYCLES - WARM} clients")  # with -s
-    assert end[0] - warm[0] < GROWTH_MAX_KIB, (
-        f"the rpc server grew by {end[0] - warm[0]} KiB over {CYCLES - WARM} clients that came and went ({transport})")
-    assert end[1] - warm[1] < MAPPINGS_MAX, (
-        f"the rpc server has {end[1] - warm[1]} more mappings after {CYCLES - WARM} clients came and went ({transport})")
+    assert_flat(warm, end, f"the rpc server ({transport})", f"{CYCLES - WARM} clients")
