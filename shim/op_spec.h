@@ -18,11 +18,14 @@ inline std::function<void(slime_req_t*)> copy_back_of(const Staging& staging) {
   return [copy_back](slime_req_t*) { copy_back(); };
 }
 
+// async_op: the op's opts.asyncOp, where the op passes it on (false: the
+// poster waits at once, WorkSpec::poster_waits).
 inline WorkSpec collective_spec(c10d::OpType type, const char* title,
                                 const char* what,
                                 std::vector<at::Tensor> outputs,
-                                const Staging& staging) {
+                                const Staging& staging, bool async_op = true) {
   WorkSpec spec;
+  spec.poster_waits = !async_op;
   spec.type = type;
   spec.profiling_title = title;
   spec.what = what;

@@ -18,12 +18,10 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::broadcast(
   int root = static_cast<int>(opts.rootRank);
   Staging staging;
   at::Tensor buf = rank_ == root ? staging.input(t) : staging.output(t, false);
-  WorkSpec spec = collective_spec(c10d::OpType::BROADCAST, "dlslime:broadcast",
-                                  "broadcast", tensors, staging);
-  spec.poster_waits = !opts.asyncOp;
   return post_collective(
-      std::move(spec), opts.timeout,
-      [&](slime_comm_t* comm, slime_req_t** out) {
+      collective_spec(c10d::OpType::BROADCAST, "dlslime:broadcast", "broadcast",
+                      tensors, staging, opts.asyncOp),
+      opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_broadcast(comm, data_of(buf), buf.nbytes(), root, out);
       });
 }
@@ -43,13 +41,10 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allgather(
   for (const auto& t : outputs[0])
     blocks.push_back(data_of(staging.output(t, false)));
   at::Tensor src = staging.input_apart(input, outputs[0], blocks[rank_]);
-  WorkSpec spec = collective_spec(c10d::OpType::ALLGATHER,
-                                  "dlslime:all_gather", op, outputs[0],
-                                  staging);
-  spec.poster_waits = !opts.asyncOp;
   return post_collective(
-      std::move(spec), opts.timeout,
-      [&](slime_comm_t* comm, slime_req_t** out) {
+      collective_spec(c10d::OpType::ALLGATHER, "dlslime:all_gather", op,
+                      outputs[0], staging, opts.asyncOp),
+      opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_allgather_ptrs(comm, data_of(src), src.nbytes(),
                                     blocks.data(), out);
       });
@@ -70,13 +65,11 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::_allgather_base(
   Staging staging;
   at::Tensor src = staging.input(input);
   at::Tensor dst = staging.output(output, false);
-  WorkSpec spec = collective_spec(c10d::OpType::_ALLGATHER_BASE,
-                                  "dlslime:all_gather_into_tensor", op,
-                                  {output}, staging);
-  spec.poster_waits = !opts.asyncOp;
   return post_collective(
-      std::move(spec), opts.timeout,
-      [&](slime_comm_t* comm, slime_req_t** out) {
+      collective_spec(c10d::OpType::_ALLGATHER_BASE,
+                      "dlslime:all_gather_into_tensor", op, {output}, staging,
+                      opts.asyncOp),
+      opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_allgather(comm, data_of(src), src.nbytes(), data_of(dst),
                                out);
       });
@@ -156,12 +149,10 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::scatter(
 c10::intrusive_ptr<c10d::Work> BackendDlslime::barrier(
     const c10d::BarrierOptions& opts) {
   Staging none;
-  WorkSpec spec = collective_spec(c10d::OpType::BARRIER, "dlslime:barrier",
-                                  "barrier", {}, none);
-  spec.poster_waits = !opts.asyncOp;
   return post_collective(
-      std::move(spec), opts.timeout,
-      [](slime_comm_t* comm, slime_req_t** out) {
+      collective_spec(c10d::OpType::BARRIER, "dlslime:barrier", "barrier", {},
+                      none, opts.asyncOp),
+      opts.timeout, [](slime_comm_t* comm, slime_req_t** out) {
         return slime_barrier(comm, out);
       });
 }

@@ -19,13 +19,10 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allreduce(
   Reduction red = checked_reduction(t, opts.reduceOp, "all_reduce");
   Staging staging;
   at::Tensor buf = staging.output(t, true);
-  WorkSpec spec = collective_spec(c10d::OpType::ALLREDUCE,
-                                  "dlslime:all_reduce", "all_reduce", tensors,
-                                  staging);
-  spec.poster_waits = !opts.asyncOp;
   return post_collective(
-      std::move(spec), opts.timeout,
-      [&](slime_comm_t* comm, slime_req_t** out) {
+      collective_spec(c10d::OpType::ALLREDUCE, "dlslime:all_reduce",
+                      "all_reduce", tensors, staging, opts.asyncOp),
+      opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_allreduce(comm, data_of(buf), buf.numel(), red.dtype,
                                red.op, out);
       });
@@ -43,12 +40,10 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::reduce(
   // tensor stays as it was there.
   at::Tensor buf = rank_ == root ? staging.output(t, true)
                                  : staging.scratch(t);
-  WorkSpec spec = collective_spec(c10d::OpType::REDUCE, "dlslime:reduce",
-                                  "reduce", tensors, staging);
-  spec.poster_waits = !opts.asyncOp;
   return post_collective(
-      std::move(spec), opts.timeout,
-      [&](slime_comm_t* comm, slime_req_t** out) {
+      collective_spec(c10d::OpType::REDUCE, "dlslime:reduce", "reduce", tensors,
+                      staging, opts.asyncOp),
+      opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_reduce(comm, data_of(buf), buf.numel(), red.dtype,
                             red.op, root, out);
       });
@@ -75,13 +70,10 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::reduce_scatter(
     blocks.push_back(data_of(in));
   }
   at::Tensor dst = staging.output(output, false);
-  WorkSpec spec = collective_spec(c10d::OpType::REDUCE_SCATTER,
-                                  "dlslime:reduce_scatter", op, outputs,
-                                  staging);
-  spec.poster_waits = !opts.asyncOp;
   return post_collective(
-      std::move(spec), opts.timeout,
-      [&](slime_comm_t* comm, slime_req_t** out) {
+      collective_spec(c10d::OpType::REDUCE_SCATTER, "dlslime:reduce_scatter",
+                      op, outputs, staging, opts.asyncOp),
+      opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_reduce_scatter_ptrs(comm, blocks.data(), data_of(dst),
                                          dst.numel(), red.dtype, red.op, out);
       });
@@ -103,13 +95,11 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::_reduce_scatter_base(
   Staging staging;
   at::Tensor src = staging.input(input);
   at::Tensor dst = staging.output(output, false);
-  WorkSpec spec = collective_spec(c10d::OpType::_REDUCE_SCATTER_BASE,
-                                  "dlslime:reduce_scatter_tensor", op,
-                                  {output}, staging);
-  spec.poster_waits = !opts.asyncOp;
   return post_collective(
-      std::move(spec), opts.timeout,
-      [&](slime_comm_t* comm, slime_req_t** out) {
+      collective_spec(c10d::OpType::_REDUCE_SCATTER_BASE,
+                      "dlslime:reduce_scatter_tensor", op, {output}, staging,
+                      opts.asyncOp),
+      opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_reduce_scatter(comm, data_of(src), data_of(dst),
                                     dst.numel(), red.dtype, red.op, out);
       });
