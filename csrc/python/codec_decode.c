@@ -5,8 +5,9 @@
  * checked against the bytes left, a container's count must fit in what
  * is left (each item takes at least one byte), so no allocation is
  * larger than the message, and nesting stops at CODEC_DEPTH_MAX.
- * A tail tensor aliases the message's memory through torch.frombuffer
- * (and keeps the message alive); smaller ones are copies.
+ * A tensor of CODEC_TAIL_MIN bytes or more (the tail among them) aliases
+ * the message's memory through torch.frombuffer (and keeps the message
+ * alive); smaller ones are copies.
  */
 #include "codec.h"
 

@@ -6,10 +6,11 @@ float, str, bytes, tuples, lists and dicts of those, and torch tensors
 are written with tags, with no Python code per object.  Anything else
 (a class, a subclass of those types, an int beyond 64 bits) makes the
 whole message a pickle, whose tensors still travel out of band: a flag
-in the message's head says which.  Either way the receiver rebuilds each
-tensor with torch.frombuffer over the received memory (no copy; the
-memory lives as long as the tensor).  torch is imported only when a
-message holds tensors.
+in the message's head says which.  The receiver rebuilds a tensor of
+TAIL_MIN bytes or more with torch.frombuffer over the received memory
+(no copy; the memory lives as long as the tensor) and copies a smaller
+one; a pickled message's tensors are all rebuilt over the memory.  torch
+is imported only when a message holds tensors.
 
 The largest tensor of TAIL_MIN bytes or more is the message's tail: its
 segment comes last and is sent straight from the tensor's memory
