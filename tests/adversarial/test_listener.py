@@ -33,6 +33,7 @@ def test_silent_connections_are_capped(transport):
         try:
             time.sleep(0.5)  # for the target to accept what it will
             held = rogue.proc_fds(pid) - before
+            print(f"{SILENT} silent connections ({transport}): the target holds {held} fds")  # with -s
             assert held <= PENDING_MAX, f"the target holds {held} fds for {SILENT} silent connections"
             assert_serves(peer, address, transport)
         finally:
@@ -48,6 +49,7 @@ def assert_resting(pid):
     time.sleep(2.0)
     used = rogue.proc_cpu_seconds(pid) - cpu
     wall = time.monotonic() - start
+    print(f"fds exhausted: the target used {used:.2f} s of CPU in {wall:.2f} s")  # with -s
     # a spinning listener takes a whole core; a resting one, next to nothing
     assert used < 0.25 * wall, f"the target used {used:.2f} s of CPU in {wall:.2f} s, fds exhausted"
 

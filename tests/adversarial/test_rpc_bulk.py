@@ -90,6 +90,7 @@ def test_announcement_over_budget_disconnects(transport):
             pass  # disconnected part way: what we want
         time.sleep(1.0)
         grown = (rogue.proc_vm_kib(pid) - vm_before) << 10
+        print(f"16 x 8 GiB announced ({transport}): server address space +{grown >> 20} MiB")  # with -s
         assert grown < GIB, f"16 announcements of 8 GiB grew the server by {grown / GIB:.1f} GiB"
         peer.put(("peer_error", ctx.id))
         error = peer.get()
@@ -113,6 +114,7 @@ def test_announcements_within_budget_wait(transport):
         announce(ep, 64, GIB // 2)
         time.sleep(1.0)
         grown = (rogue.proc_vm_kib(pid) - vm_before) << 10
+        print(f"64 x 512 MiB announced ({transport}): server address space +{grown >> 20} MiB")  # with -s
         assert grown <= BUDGET + GIB // 2, f"64 announcements of 512 MiB grew the server by {grown / GIB:.1f} GiB"
         genuine_echo(address, transport)
         ctx.close()
