@@ -26,6 +26,12 @@ const char *h_transport(void)
     return (t != NULL && t[0] != '\0') ? t : "auto";
 }
 
+int h_case_seconds(void)
+{
+    const char *env = getenv("DLSLIME_TEST_CASE_S");
+    return env && atoi(env) > 0 ? atoi(env) : H_CASE_SECONDS;
+}
+
 /* One write() per line, so lines of concurrent ranks do not interleave. */
 static void emit(const char *prefix_kind, const char *fmt, va_list ap)
 {
@@ -86,9 +92,9 @@ static void rank_main(const h_case_t *c, h_rank_t *r, pid_t supervisor)
     setenv("LOCAL_RANK", local_rank, 1);
     snprintf(g_alarm_text, sizeof g_alarm_text,
              "[%s %s rank %d] FAIL: still running after %d s\n", g_program,
-             g_case, g_rank, H_CASE_SECONDS);
+             g_case, g_rank, h_case_seconds());
     signal(SIGALRM, on_alarm);
-    alarm(H_CASE_SECONDS);
+    alarm((unsigned)h_case_seconds());
 
     if (!c->raw) {
         r->ctx = h_ctx_create(NULL);
@@ -191,7 +197,7 @@ static bool run_case(const h_case_t *c)
 
     bool ok = true;
     int left = n;
-    const int64_t deadline = start + (int64_t)(H_CASE_SECONDS + 10) * 1000;
+    const int64_t deadline = start + (int64_t)(h_case_seconds() + 10) * 1000;
     while (left > 0) {
         int status = 0;
         pid_t pid = waitpid(-1, &status, WNOHANG);

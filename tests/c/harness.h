@@ -28,6 +28,8 @@
 #ifndef H_CASE_SECONDS
 #define H_CASE_SECONDS 60
 #endif
+/* H_CASE_SECONDS, or $DLSLIME_TEST_CASE_S for a long soak run by hand */
+int h_case_seconds(void);
 
 #define H_KIB ((size_t)1024)
 #define H_MIB ((size_t)1024 * 1024)

@@ -44,7 +44,7 @@ static void recv_all(int fd, int from, void *buf, size_t len)
     char *p = buf;
     while (len > 0) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int ready = poll(&pfd, 1, H_CASE_SECONDS * 1000);
+        int ready = poll(&pfd, 1, h_case_seconds() * 1000);
         if (ready < 0 && errno == EINTR)
             continue;
         if (ready <= 0)
