@@ -46,13 +46,8 @@ class Server:
         handler, kind, max_reply = self._handlers[call.method]
         timeout = self.reply_timeout_ms
         try:
-            if kind == KIND_DEFAULT:
-                args, kwargs = codec.decode(call)
-                head, tail = codec.encode(handler(*args, **kwargs))
-                # the arguments' tensors alias the request: gone before the
-                # reply, the request's slot need not be replaced (detached)
-                del args, kwargs
-                call.reply(head, timeout_ms=timeout, tail=tail)
+            if kind == KIND_DEFAULT:   # decode, call, encode, reply: one C call
+                call.answer(handler, codec.pickle_body, codec.unpickle_body, timeout)
             elif kind == KIND_INPLACE:
                 data = memoryview(call)
                 cap = max_reply if max_reply is not None else max(len(data), INLINE_ROOM)
