@@ -413,12 +413,12 @@ static PyObject *call_commit(RpcCallObject *self, PyObject *args, PyObject *kwar
 static PyObject *call_handler(PyObject *handler, PyObject *msg)
 {
     if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 2)
-        return PyErr_Format(PyExc_ValueError, "a default method's request is (args, kwargs), not a %.80s",
+        return PyErr_Format(PyExc_ValueError, "a default method's message holds (args, kwargs), not a %.80s",
                             Py_TYPE(msg)->tp_name);
     PyObject *a = PyTuple_GET_ITEM(msg, 0), *kw = PyTuple_GET_ITEM(msg, 1);
     if (!PyDict_Check(kw))
-        return PyErr_Format(PyExc_TypeError, "a default method's keyword arguments are a dict, not a %.80s",
-                            Py_TYPE(kw)->tp_name);
+        return PyErr_Format(PyExc_ValueError, "a default method's message holds its keyword arguments as a dict, "
+                            "not a %.80s", Py_TYPE(kw)->tp_name);
     PyObject *t = PyTuple_Check(a) ? Py_NewRef(a) : PySequence_Tuple(a);
     if (!t)
         return NULL;

@@ -78,7 +78,7 @@ class Server:
     def serve_once(self, timeout=None):
         """Serves one call; returns False if none came within timeout."""
         ms = 2**62 if timeout is None else int(timeout * 1000)
-        call = self._srv.next(timeout_ms=ms)
+        call = self._srv.next(ms)
         if call is None:
             return False
         self._answer(call)
@@ -87,7 +87,7 @@ class Server:
     def _loop(self):
         while not self._stopped.is_set():
             try:
-                call = self._srv.next(timeout_ms=NEXT_SLICE_MS)
+                call = self._srv.next(NEXT_SLICE_MS)
             except _C.SlimeClosedError:
                 return
             if call is not None:
