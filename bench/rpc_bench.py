@@ -521,7 +521,7 @@ def turn(name, host, netns, where, quick, rounds, rates, cold):
         client.close()
 
 
-def in_turns(names, host, where, quick, rounds, netns=None, rates=True):
+def in_turns(names, host, where, quick, rounds, netns=None, rates=True, cold=True):
     """Every point of every system, each system with only its own
     processes alive during its turn (a user of one does not run the
     others' daemons beside it), the systems taking turns in rounds, the
@@ -539,7 +539,7 @@ def in_turns(names, host, where, quick, rounds, netns=None, rates=True):
         print(f"round {r + 1}/{rounds}: {', '.join(order)}; load average {os.getloadavg()[0]:.2f}", flush=True)
         for name in order:
             try:
-                rows += turn(name, host, netns, where, quick, rounds, rates, cold=r == 0)
+                rows += turn(name, host, netns, where, quick, rounds, rates, cold=cold and r == 0)
             except Exception as exc:
                 print(f"[{name}] failed: {type(exc).__name__}: {exc}; dropped from the run", flush=True)
                 names.remove(name)
@@ -616,7 +616,7 @@ def run_netns(names, quick, rounds, out_dir):
 def netns_client(names, quick, rounds, rows_file):
     os.environ["TP_SOCKET_IFNAME"] = "sbv1"
     os.environ["GLOO_SOCKET_IFNAME"] = "sbv1"
-    rows = in_turns(names, NS_ADDRS[0], "netns", quick, rounds, netns=NS[0], rates=False)
+    rows = in_turns(names, NS_ADDRS[0], "netns", quick, rounds, netns=NS[0], rates=False, cold=False)
     write_csv(rows_file, rows, ["system", "where", "kind", "bytes", "rounds", "iters", "p50_us", "avg_us"])
 
 
