@@ -6,9 +6,14 @@ what users do, all in one run.
     python bench/rpc_bench.py --systems slime,torch_rpc --no-netns
 
 Each system serves in processes of its own on this host and calls from
-a client process of its own (no system's threads take the GIL from
-another's calls); the run measures one point for every system before
-moving to the next (so a passing load weighs on all of them alike):
+a client process of its own, and only during its turn: its processes
+(Ray's daemons among them) start for the turn and stop after it, so
+that no system's idle processes share the cores with another's calls,
+as a user of one does not run the others beside it.  The systems take
+turns in rounds (--rounds, the order rotating; each round a share of
+every point's iterations), so that the machine's drift weighs on all
+alike; a point's figure is the median of its rounds' p50s (calls/s:
+of their rates).  The points:
 
   raw      echo of a bytes payload (slime: @method(raw=True))
   tensor   a method taking and returning a float32 tensor (slime: @method)
@@ -32,7 +37,7 @@ a veth pair (10.214.0.1/30 and 10.214.0.2/30), so every byte crosses tcp
 with the reason otherwise.
 
 Writes bench/results/rpc_bench.csv (system, where, kind, bytes or
-callers, iters, p50_us, avg_us, calls_s) and rpc_summary.csv (per point:
+callers, rounds, iters, p50_us, avg_us, calls_s) and rpc_summary.csv (per point:
 slime's number and each peer's ratio to it: peer latency / slime latency,
 or slime calls/s / peer calls/s; above 1, slime is ahead), and
 rpc_bench.png.  Numbers from a loaded host are noisy: compare the ratios
@@ -354,12 +359,15 @@ def iters_for(size, quick):
     return max(5, min(300 if quick else 2000, budget // max(size, 1)))
 
 
-def latency_row(name, where, kind, size, client, quick):
+def latency_row(name, where, kind, size, client, quick, rounds):
+    """One round's share of a point: its iterations and time budget
+    divided among the rounds, the warm-up not (a turn's processes are
+    new)."""
     x = payload(kind, size)
-    n = iters_for(size, quick)
+    n = max(5, iters_for(size, quick) // rounds)
     client.latencies(kind, x, max(2, n // 10), 5)           # warm-up: at least n/10 calls
     client.latencies(kind, x, 10 ** 6, 0.5)                 # and half a second
-    us = sorted(s * 1e6 for s in client.latencies(kind, x, n, 3 if quick else 10))
+    us = sorted(s * 1e6 for s in client.latencies(kind, x, n, (3 if quick else 10) / rounds))
     return {"system": name, "where": where, "kind": kind, "bytes": size, "iters": len(us),
             "p50_us": us[len(us) // 2], "avg_us": statistics.fmean(us)}
 
@@ -396,8 +404,8 @@ async def async_rate(client, n, seconds):
     return sum(counts) / (time.monotonic() - t0)
 
 
-def rate_row(name, mode, n, client, quick):
-    seconds = 1.0 if quick else 3.0
+def rate_row(name, mode, n, client, quick, rounds):
+    seconds = max(0.5, (1.0 if quick else 3.0) / rounds)
     if mode == "threads":
         rate = threads_rate(client, n, seconds)
     else:
@@ -411,8 +419,9 @@ def cold_row(name, client):
             "p50_us": first * 1e6, "avg_us": warm * 1e6}
 
 
-WORK = {"latency": lambda name, c, where, kind, size, quick: latency_row(name, where, kind, size, c, quick),
-        "rate": lambda name, c, mode, n, quick: rate_row(name, mode, n, c, quick),
+WORK = {"latency": lambda name, c, where, kind, size, quick, rounds:
+        latency_row(name, where, kind, size, c, quick, rounds),
+        "rate": lambda name, c, mode, n, quick, rounds: rate_row(name, mode, n, c, quick, rounds),
         "cold": lambda name, c: cold_row(name, c)}
 
 
@@ -466,63 +475,79 @@ class Remote:
             self.proc.join()
 
 
-def each(clients, what, rows):
-    """Runs what(name, remote) for every system, in turns; a failure
-    drops that system from the rest of the run, not the others."""
-    for name in list(clients):
-        try:
-            row = what(name, clients[name])
-        except Exception as exc:
-            print(f"[{name}] failed: {type(exc).__name__}: {exc}; dropped from the run", flush=True)
-            clients.pop(name).close()
-            continue
+def merge(rounds_rows):
+    """One row per point from the rows of every round: the median of the
+    rounds' p50s and calls/s, the mean of their averages, the sum of
+    their iterations."""
+    points = {}
+    for r in rounds_rows:
+        points.setdefault((r["system"], r["where"], r["kind"], r["bytes"]), []).append(r)
+    rows = []
+    for (system, where, kind, size), rs in points.items():
+        row = {"system": system, "where": where, "kind": kind, "bytes": size, "rounds": len(rs)}
+        if "calls_s" in rs[0]:
+            row["calls_s"] = statistics.median(r["calls_s"] for r in rs)
+        else:
+            row.update(iters=sum(r["iters"] for r in rs), p50_us=statistics.median(r["p50_us"] for r in rs),
+                       avg_us=statistics.fmean(r["avg_us"] for r in rs))
         rows.append(row)
-        shown = f"p50 {row['p50_us']:10.1f} us" if "p50_us" in row else f"{row['calls_s']:10.0f} calls/s"
-        print(f"  {row['where']:6s} {row['kind']:10s} {row['bytes']:>9d}  {name:9s} {shown}", flush=True)
+    return rows
 
 
-def open_clients(names, host, netns=None):
-    clients = {}
-    for name in names:
+def show(row):
+    shown = f"p50 {row['p50_us']:10.1f} us" if "p50_us" in row else f"{row['calls_s']:10.0f} calls/s"
+    print(f"  {row['where']:6s} {row['kind']:10s} {row['bytes']:>9d}  {row['system']:9s} {shown}", flush=True)
+
+
+def turn(name, host, netns, where, quick, rounds, rates, cold):
+    """One system's turn: starts its processes (client and server), runs
+    every point, stops them.  Its rows; raises if it cannot start or a
+    point fails."""
+    client = Remote(name, host, netns)
+    try:
+        todo = [("latency", (where, kind, size, quick, rounds))
+                for kind in ("raw", "tensor") for size in (QUICK_SIZES if quick else SIZES)]
+        todo.append(("latency", (where, "obj", 0, quick, rounds)))
+        if rates:
+            todo += [("rate", (mode, n, quick, rounds)) for mode in ("threads", "async") for n in CALLERS]
+        if cold and name == "slime":
+            todo.insert(0, ("cold", ()))
+        rows = []
+        for what, args in todo:
+            rows.append(client.run(what, *args))
+            show(rows[-1])
+        return rows
+    finally:
+        client.close()
+
+
+def in_turns(names, host, where, quick, rounds, netns=None, rates=True, cold=True):
+    """Every point of every system, each system with only its own
+    processes alive during its turn (a user of one does not run the
+    others' daemons beside it), the systems taking turns in rounds, the
+    order rotating, so that the machine's drift weighs on all alike.  A
+    system that fails is dropped from the later rounds, not the others."""
+    names = list(names)
+    for name in list(names):
         why = available(name)
         if why:
             print(f"[{name}] skipped: {why}", flush=True)
-            continue
-        try:
-            clients[name] = Remote(name, host, netns)
-        except Exception as exc:
-            print(f"[{name}] cannot start: {type(exc).__name__}: {exc}", flush=True)
-    return clients
-
-
-def measure(clients, where, quick, rates=True):
+            names.remove(name)
     rows = []
-    sizes = QUICK_SIZES if quick else SIZES
-    for kind in ("raw", "tensor"):
-        for size in sizes:
-            each(clients, lambda n, c: c.run("latency", where, kind, size, quick), rows)
-    each(clients, lambda n, c: c.run("latency", where, "obj", 0, quick), rows)
-    if rates:
-        for mode in ("threads", "async"):
-            for n in CALLERS:
-                each(clients, lambda name, c: c.run("rate", mode, n, quick), rows)
-    return rows
-
-
-def run_local(names, quick):
-    clients = open_clients(names, "127.0.0.1")
-    rows = []
-    try:
-        if "slime" in clients:
-            each({"slime": clients["slime"]}, lambda n, c: c.run("cold"), rows)
-            if rows:
-                print(f"  slime: the first 4 MiB tensor call after connect {rows[-1]['p50_us']:.0f} us, "
-                      f"the second {rows[-1]['avg_us']:.0f} us", flush=True)
-        rows += measure(clients, "local", quick)
-    finally:
-        for c in clients.values():
-            c.close()
-    return rows
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        print(f"round {r + 1}/{rounds}: {', '.join(order)}; load average {os.getloadavg()[0]:.2f}", flush=True)
+        for name in order:
+            try:
+                rows += turn(name, host, netns, where, quick, rounds, rates, cold=cold and r == 0)
+            except Exception as exc:
+                print(f"[{name}] failed: {type(exc).__name__}: {exc}; dropped from the run", flush=True)
+                names.remove(name)
+    cold = [r for r in rows if r["kind"] == "cold"]
+    if cold:
+        print(f"  slime: the first 4 MiB tensor call after connect {cold[0]['p50_us']:.0f} us, "
+              f"the second {cold[0]['avg_us']:.0f} us", flush=True)
+    return merge(rows)
 
 
 # ---------------------------------------------------------------- two namespaces
@@ -558,7 +583,7 @@ def netns_up():
     return None
 
 
-def run_netns(names, quick, out_dir):
+def run_netns(names, quick, rounds, out_dir):
     names = [n for n in names if n != "ray" and not available(n)]
     why = netns_up()
     if why:
@@ -566,7 +591,8 @@ def run_netns(names, quick, out_dir):
         return []
     rows_file = os.path.join(out_dir, "rpc_netns_rows.csv")
     cmd = ["ip", "netns", "exec", NS[1], sys.executable, os.path.abspath(__file__), "--netns-client",
-           "--systems", ",".join(names), "--rows-out", rows_file] + (["--quick"] if quick else [])
+           "--systems", ",".join(names), "--rows-out", rows_file, "--rounds", str(rounds)]
+    cmd += ["--quick"] if quick else []
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     print(f"[netns] server in {NS[0]} ({NS_ADDRS[0]}), client in {NS[1]} ({NS_ADDRS[1]}); "
           "Ray is not measured here (it would need a two-node cluster)", flush=True)
@@ -579,7 +605,7 @@ def run_netns(names, quick, out_dir):
             rows = list(csv.DictReader(f))
         os.unlink(rows_file)
         for row in rows:
-            row["bytes"] = int(row["bytes"])
+            row["bytes"], row["rounds"] = int(row["bytes"]), int(row["rounds"])
             for k in ("p50_us", "avg_us"):
                 row[k] = float(row[k])
         return rows
@@ -587,16 +613,11 @@ def run_netns(names, quick, out_dir):
         netns_down()
 
 
-def netns_client(names, quick, rows_file):
+def netns_client(names, quick, rounds, rows_file):
     os.environ["TP_SOCKET_IFNAME"] = "sbv1"
     os.environ["GLOO_SOCKET_IFNAME"] = "sbv1"
-    clients = open_clients(names, NS_ADDRS[0], netns=NS[0])
-    try:
-        rows = measure(clients, "netns", quick, rates=False)
-    finally:
-        for c in clients.values():
-            c.close()
-    write_csv(rows_file, rows, ["system", "where", "kind", "bytes", "iters", "p50_us", "avg_us"])
+    rows = in_turns(names, NS_ADDRS[0], "netns", quick, rounds, netns=NS[0], rates=False, cold=False)
+    write_csv(rows_file, rows, ["system", "where", "kind", "bytes", "rounds", "iters", "p50_us", "avg_us"])
 
 
 # ---------------------------------------------------------------- reporting
@@ -680,6 +701,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-netns", action="store_true", help="skip the two-namespace part")
     ap.add_argument("--no-local", action="store_true", help="only the two-namespace part")
+    ap.add_argument("--rounds", type=int, help="turns of every system (default 3; --quick: 2)")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--addr", help=argparse.SUPPRESS)
@@ -687,23 +709,24 @@ def main():
     ap.add_argument("--rows-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     names = args.systems.split(",")
+    rounds = max(1, args.rounds or (2 if args.quick else 3))
     if args.serve:
         host, port = args.addr.rsplit(":", 1)
         SERVERS[args.serve](host, int(port))
         return 0
     if args.netns_client:
-        netns_client(names, args.quick, args.rows_out)
+        netns_client(names, args.quick, rounds, args.rows_out)
         return 0
     os.makedirs(args.out, exist_ok=True)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus", flush=True)
-    rows = [] if args.no_local else run_local(names, args.quick)
+    rows = [] if args.no_local else in_turns(names, "127.0.0.1", "local", args.quick, rounds)
     if not args.no_netns:
-        rows += run_netns(names, args.quick, args.out)
+        rows += run_netns(names, args.quick, rounds, args.out)
     if not any(r["system"] == "slime" for r in rows):
         print("no slime results: nothing to compare")
         return 1
     write_csv(os.path.join(args.out, "rpc_bench.csv"), rows,
-              ["system", "where", "kind", "bytes", "iters", "p50_us", "avg_us", "calls_s"])
+              ["system", "where", "kind", "bytes", "rounds", "iters", "p50_us", "avg_us", "calls_s"])
     summary, peers = summarize(rows)
     cols = print_summary(summary, peers)
     write_csv(os.path.join(args.out, "rpc_summary.csv"), summary, cols)

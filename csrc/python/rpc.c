@@ -15,6 +15,7 @@
  * Waits run with the GIL released, in slices (Ctrl-C, and close()).
  */
 #include "slime_py.h"
+#include "codec.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -407,6 +408,58 @@ static PyObject *call_commit(RpcCallObject *self, PyObject *args, PyObject *kwar
     return call_finish(self, 2, NULL, NULL, len, timeout_ms);
 }
 
+/* handler(*args, **kwargs) where msg is a default method's request,
+ * the tuple (args, kwargs). */
+static PyObject *call_handler(PyObject *handler, PyObject *msg)
+{
+    if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 2)
+        return PyErr_Format(PyExc_ValueError, "a default method's message holds (args, kwargs), not a %.80s",
+                            Py_TYPE(msg)->tp_name);
+    PyObject *a = PyTuple_GET_ITEM(msg, 0), *kw = PyTuple_GET_ITEM(msg, 1);
+    if (!PyDict_Check(kw))
+        return PyErr_Format(PyExc_ValueError, "a default method's message holds its keyword arguments as a dict, "
+                            "not a %.80s", Py_TYPE(kw)->tp_name);
+    PyObject *t = PyTuple_Check(a) ? Py_NewRef(a) : PySequence_Tuple(a);
+    if (!t)
+        return NULL;
+    PyObject *r = PyObject_Call(handler, t, PyDict_GET_SIZE(kw) ? kw : NULL);
+    Py_DECREF(t);
+    return r;
+}
+
+/* A default method's whole answer in one C call, the common call's path:
+ * the request decoded, the handler called, its result encoded and sent
+ * (no Python frame per step).  A failure of any step raises here, for
+ * the caller to answer with call.fail. */
+static PyObject *call_answer(RpcCallObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t timeout_ms;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "answer(handler, pickle_body, unpickle_body, timeout_ms)");
+        return NULL;
+    }
+    if (!slime_py_conv_timeout(args[3], &timeout_ms) || call_check_open(self) < 0)
+        return NULL;
+    PyObject *dec[2] = {(PyObject *)self, args[2]};
+    PyObject *msg = slime_py_codec_decode(NULL, dec, 2);
+    if (!msg)
+        return NULL;
+    PyObject *result = call_handler(args[0], msg);
+    /* the arguments' tensors alias the request: gone before the reply,
+     * the request's slot need not be replaced (detached) */
+    Py_DECREF(msg);
+    if (!result)
+        return NULL;
+    PyObject *enc[2] = {result, args[1]};
+    PyObject *parts = slime_py_codec_encode(NULL, enc, 2);
+    Py_DECREF(result);
+    if (!parts)
+        return NULL;
+    PyObject *out = call_finish(self, 0, PyTuple_GET_ITEM(parts, 0), PyTuple_GET_ITEM(parts, 1), 0, timeout_ms);
+    Py_DECREF(parts);
+    return out;
+}
+
 static PyObject *call_reply_buffer(RpcCallObject *self, PyObject *args)
 {
     size_t cap;
@@ -494,6 +547,10 @@ static PyMethodDef call_methods[] = {
     {"reply", (PyCFunction)(void (*)(void))call_reply, METH_VARARGS | METH_KEYWORDS,
      "reply(data, timeout_ms=30000, tail=None): answers with the bytes of data, then those of tail (sent "
      "from its memory when the reply goes by bulk)."},
+    {"answer", (PyCFunction)(void (*)(void))call_answer, METH_FASTCALL,
+     "answer(handler, pickle_body, unpickle_body, timeout_ms): a default method's call: decodes the request "
+     "(args, kwargs) with the codec, replies with the encoded handler(*args, **kwargs).  Raises what a step "
+     "raised (then answer with fail)."},
     {"fail", (PyCFunction)(void (*)(void))call_fail, METH_VARARGS | METH_KEYWORDS,
      "fail(data, timeout_ms=30000): answers with an error payload."},
     {"reply_buffer", (PyCFunction)call_reply_buffer, METH_VARARGS,
@@ -613,14 +670,10 @@ static PyObject *client_close(RpcClientObject *self, PyObject *Py_UNUSED(ignored
     Py_RETURN_NONE;
 }
 
-static PyObject *client_call(RpcClientObject *self, PyObject *args, PyObject *kwargs)
+/* Sends objs (data, tail, out: NULL or None for none) as a call of
+ * method; the new RpcRequest. */
+static PyObject *client_send(RpcClientObject *self, uint64_t method, PyObject *const *objs)
 {
-    static char *kwlist[] = {"method_id", "data", "tail", "out", NULL};
-    uint64_t method;
-    PyObject *objs[3] = {NULL, NULL, NULL}; /* data, tail, out */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O|OO:call", kwlist, slime_py_conv_u64, &method, &objs[0],
-                                     &objs[1], &objs[2]))
-        return NULL;
     if (!self->cli)
         return slime_py_raise(SLIME_ERR_CLOSED, "the rpc client is closed");
     slime_py_buf_t *b[3];
@@ -655,11 +708,50 @@ static PyObject *client_call(RpcClientObject *self, PyObject *args, PyObject *kw
     return (PyObject *)r;
 }
 
+static PyObject *client_call(RpcClientObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"method_id", "data", "tail", "out", NULL};
+    uint64_t method;
+    PyObject *objs[3] = {NULL, NULL, NULL}; /* data, tail, out */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O|OO:call", kwlist, slime_py_conv_u64, &method, &objs[0],
+                                     &objs[1], &objs[2]))
+        return NULL;
+    return client_send(self, method, objs);
+}
+
+/* A default method's call in one C call: (args, kwargs) encoded by the
+ * codec and sent, its tail from the tensor's memory. */
+static PyObject *client_call_obj(RpcClientObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t method;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "call_obj(method_id, args, kwargs, pickle_body)");
+        return NULL;
+    }
+    if (!slime_py_conv_u64(args[0], &method))
+        return NULL;
+    PyObject *msg = PyTuple_Pack(2, args[1], args[2]);
+    if (!msg)
+        return NULL;
+    PyObject *enc[2] = {msg, args[3]};
+    PyObject *parts = slime_py_codec_encode(NULL, enc, 2);
+    Py_DECREF(msg);
+    if (!parts)
+        return NULL;
+    PyObject *objs[3] = {PyTuple_GET_ITEM(parts, 0), PyTuple_GET_ITEM(parts, 1), NULL};
+    PyObject *r = client_send(self, method, objs);
+    Py_DECREF(parts);
+    return r;
+}
+
 static PyMethodDef client_methods[] = {
     {"call", (PyCFunction)(void (*)(void))client_call, METH_VARARGS | METH_KEYWORDS,
      "call(method_id, data, tail=None, out=None) -> RpcRequest.  Sends the bytes of data, then those of tail "
      "(sent from its memory when the payload goes by bulk), held until they have left.  out: writable memory "
      "the reply lands in when it fits (RpcRequest.in_out), held until the request is done."},
+    {"call_obj", (PyCFunction)(void (*)(void))client_call_obj, METH_FASTCALL,
+     "call_obj(method_id, args, kwargs, pickle_body) -> RpcRequest: a default method's call, (args, kwargs) "
+     "encoded by the codec (dlslime_torch.rpc.codec) and sent as call() sends (head, tail)."},
     {"close", (PyCFunction)client_close, METH_NOARGS,
      "close(): pending requests fail with SlimeClosedError."},
     {NULL, NULL, 0, NULL},

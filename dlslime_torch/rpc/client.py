@@ -40,7 +40,7 @@ class Future:
             self._finish_out(req)
         elif self._kind == KIND_DEFAULT:
             try:
-                self._result = codec.decode(req)
+                self._result = _C.codec_decode(req, codec.unpickle_body)
             except Exception as exc:
                 self._error = RpcError(f"rpc: cannot decode the reply: {exc}")
         else:
@@ -61,7 +61,7 @@ class Future:
         if not self._done:
             timeout = self._timeout if timeout is None else timeout
             try:
-                remote_error = self._req.wait(timeout_ms=_ms(timeout))
+                remote_error = self._req.wait(_ms(timeout))
             except _C.SlimeTimeoutError:
                 # given up: the C client drops the late reply when it comes
                 self._req.abandon()
@@ -121,20 +121,20 @@ class _Method:
 
     def __call__(self, *args, **kwargs):
         p = self._proxy
-        tail = out = None
-        if self._kind == KIND_DEFAULT:
-            payload, tail = codec.encode((args, kwargs))
-        else:
+        out = None
+        if self._kind != KIND_DEFAULT:
             out = kwargs.pop("out", None)
             if len(args) != 1 or kwargs:
                 raise TypeError(f"{self.__name__} is a raw method: call it with one bytes-like argument "
                                 "(and out=, a writable buffer for the reply)")
-            payload = args[0]
         client = p._client
         if client is None:
             raise RpcError("rpc: the proxy is closed")
         try:
-            req = client.call(self._id, payload, tail, out)
+            if self._kind == KIND_DEFAULT:
+                req = client.call_obj(self._id, args, kwargs, codec.pickle_body)
+            else:
+                req = client.call(self._id, args[0], None, out)
         except _C.SlimePeerLostError as exc:
             raise RpcError(f"rpc: the server is gone: {exc}") from exc
         except _C.SlimeError as exc:

@@ -37,7 +37,7 @@ def _dtype(torch, name):
     return dtype
 
 
-def _pickle_body(obj, tensors):
+def pickle_body(obj, tensors):
     """The pickle of obj; its tensors are appended to tensors (the C
     codec sends them as segments) and pickled as their index."""
     f = io.BytesIO()
@@ -57,7 +57,7 @@ def _pickle_body(obj, tensors):
     return f.getbuffer()
 
 
-def _unpickle_body(message, start, end, segments):
+def unpickle_body(message, start, end, segments):
     """The object in a pickled body message[start:end]; its tensors over
     the message's segments.  ValueError if it does not unpickle."""
     mv = memoryview(message).cast("B")
@@ -86,13 +86,13 @@ def encode(obj):
     """(head, tail): the message of obj.  head is bytes; tail is None or a
     buffer over the largest tensor's memory (which it keeps), to be sent
     right after head."""
-    return _C.codec_encode(obj, _pickle_body)
+    return _C.codec_encode(obj, pickle_body)
 
 
 def decode(message):
     """The object in a message (a buffer object that the tensors will
     alias: they keep it alive).  ValueError if it is malformed."""
-    return _C.codec_decode(message, _unpickle_body)
+    return _C.codec_decode(message, unpickle_body)
 
 
 def warm_up():

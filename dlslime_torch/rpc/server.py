@@ -46,13 +46,8 @@ class Server:
         handler, kind, max_reply = self._handlers[call.method]
         timeout = self.reply_timeout_ms
         try:
-            if kind == KIND_DEFAULT:
-                args, kwargs = codec.decode(call)
-                head, tail = codec.encode(handler(*args, **kwargs))
-                # the arguments' tensors alias the request: gone before the
-                # reply, the request's slot need not be replaced (detached)
-                del args, kwargs
-                call.reply(head, timeout_ms=timeout, tail=tail)
+            if kind == KIND_DEFAULT:   # decode, call, encode, reply: one C call
+                call.answer(handler, codec.pickle_body, codec.unpickle_body, timeout)
             elif kind == KIND_INPLACE:
                 data = memoryview(call)
                 cap = max_reply if max_reply is not None else max(len(data), INLINE_ROOM)
@@ -83,7 +78,7 @@ class Server:
     def serve_once(self, timeout=None):
         """Serves one call; returns False if none came within timeout."""
         ms = 2**62 if timeout is None else int(timeout * 1000)
-        call = self._srv.next(timeout_ms=ms)
+        call = self._srv.next(ms)
         if call is None:
             return False
         self._answer(call)
@@ -92,7 +87,7 @@ class Server:
     def _loop(self):
         while not self._stopped.is_set():
             try:
-                call = self._srv.next(timeout_ms=NEXT_SLICE_MS)
+                call = self._srv.next(NEXT_SLICE_MS)
             except _C.SlimeClosedError:
                 return
             if call is not None:

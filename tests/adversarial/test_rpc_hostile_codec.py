@@ -181,7 +181,8 @@ def hostile_caller(rank, size, store, transport):
         with rpc.proxy("server", Calc, timeout=30) as calc:
             add = calc.spec.methods["add"][0]
             for bad in (b"", b"SRP1" + bytes(20), message((b"[" + u32(1)) * 200 + b"N"),
-                        message(b"[" + u32(0xFFFFFFFF)), message(tensor_tag(0, [1 << 40]), [(0, 64)])):
+                        message(b"[" + u32(0xFFFFFFFF)), message(tensor_tag(0, [1 << 40]), [(0, 64)]),
+                        codec.encode(5)[0], codec.encode(([1], 7))[0]):   # well formed, not (args, kwargs)
                 req = calc._client.call(add, bytes(bad))
                 assert req.wait(timeout_ms=30_000) is True, "a malformed call must fail at the server"
                 err = decode_remote(memoryview(req))
