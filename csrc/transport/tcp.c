@@ -32,7 +32,7 @@ static tcp_conn_t *tcp_conn_new(int fd) {
     if (!c) return NULL;
     c->fd = fd;
     c->drained = false;
-    c->cma = TCP_CMA_UNKNOWN;
+    c->cma.state = TCP_CMA_UNKNOWN;
     c->stage_off = c->stage_len = 0;
     return c;
 }
@@ -290,7 +290,7 @@ static void tcp_fd_event(slime_ep_t *ep, uint32_t events) { (void)ep; (void)even
  * says it fetched them (F_RNDV_DONE) or asks for them (F_CTS). */
 static void tcp_rndv_offer(slime_ep_t *ep, slime_req_t *send, frame_t *rts) {
     tcp_conn_t *c = ep->conn;
-    if (!tcp_cma_usable(&c->cma, c->fd, ep->peer_pid)) return;
+    if (!tcp_cma_usable(&c->cma, c->fd, ep->peer_pid, send->len)) return;
     rts->flags |= FF_RDMA;
     rts->d = (uint64_t)(uintptr_t)send->buf;
     rts->rkey = 0;
@@ -303,9 +303,9 @@ static slime_status_t tcp_rndv_fetch(slime_ep_t *ep, slime_req_t *recv, uint64_t
                                      uint32_t rkey, uint64_t len) {
     (void)rkey;
     tcp_conn_t *c = ep->conn;
-    if (!tcp_cma_usable(&c->cma, c->fd, ep->peer_pid)) return SLIME_ERR_UNSUPPORTED;
+    if (!tcp_cma_usable(&c->cma, c->fd, ep->peer_pid, len)) return SLIME_ERR_UNSUPPORTED;
     if (!tcp_cma_fetch(ep->ctx, ep->peer_pid, recv->buf, raddr, len)) {
-        c->cma = TCP_CMA_OFF;
+        c->cma.state = TCP_CMA_OFF;
         return SLIME_ERR_UNSUPPORTED;
     }
     tcp_ctx_t *t = ctx_tp_state(ep->ctx, WIRE_TRANSPORT_TCP);

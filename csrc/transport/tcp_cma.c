@@ -17,7 +17,13 @@
  * that socket.  Peers in our own network namespace reach us by shm where
  * they can; one that uses tcp here was told to (DLSLIME_TRANSPORT=tcp),
  * and gets tcp.  DLSLIME_TCP_CMA: 0 never, 1 every peer proven local
- * (tests), else (default) those in another network namespace. */
+ * (tests), else (default) those in another network namespace.
+ *
+ * The receiver's progress thread copies a fetch whole and answers no
+ * ping meanwhile, while the sender, waiting on it, gives up on a peer
+ * silent for DLSLIME_PEER_SILENCE_MS (1 s).  So rendezvous past
+ * DLSLIME_TCP_CMA_MAX (default 256 MiB, 50-100 ms of copying) take the
+ * socket. */
 #include "transport/tcp_cma.h"
 
 #include <arpa/inet.h>
@@ -98,14 +104,15 @@ static bool owns_peer_end(int fd, uint32_t pid) {
     return inode && holds_socket(pid, inode);
 }
 
-bool tcp_cma_usable(tcp_cma_t *state, int fd, uint32_t pid) {
-    if (*state == TCP_CMA_UNKNOWN) {
+bool tcp_cma_usable(tcp_cma_t *cma, int fd, uint32_t pid, size_t len) {
+    if (cma->state == TCP_CMA_UNKNOWN) {
         const char *mode = getenv("DLSLIME_TCP_CMA");
         bool wanted = !(mode && mode[0] == '0') && pid > 0 && (uint32_t)getpid() != pid;
         if (wanted && !(mode && mode[0] == '1')) wanted = !same_netns(pid);
-        *state = wanted && owns_peer_end(fd, pid) ? TCP_CMA_ON : TCP_CMA_OFF;
+        cma->state = wanted && owns_peer_end(fd, pid) ? TCP_CMA_ON : TCP_CMA_OFF;
+        cma->max = env_size("DLSLIME_TCP_CMA_MAX", (size_t)256 << 20);
     }
-    return *state == TCP_CMA_ON;
+    return cma->state == TCP_CMA_ON && len <= cma->max;
 }
 
 typedef struct fetch_job {

@@ -8,12 +8,17 @@
 
 #include "core/internal.h"
 
-/* A connection's answer, found on its first rendezvous. */
-typedef enum { TCP_CMA_UNKNOWN = 0, TCP_CMA_ON, TCP_CMA_OFF } tcp_cma_t;
+/* A connection's answer, found on its first rendezvous: whether its
+ * rendezvous go by CMA, and up to what size (larger ones take the
+ * socket). */
+typedef struct tcp_cma {
+    enum { TCP_CMA_UNKNOWN = 0, TCP_CMA_ON, TCP_CMA_OFF } state;
+    size_t max;
+} tcp_cma_t;
 
-/* Whether the rendezvous of the tcp connection fd to the process pid
- * go by CMA: decided once (*state), then read. */
-bool tcp_cma_usable(tcp_cma_t *state, int fd, uint32_t pid);
+/* Whether a rendezvous of len bytes on the tcp connection fd to the
+ * process pid goes by CMA: the connection's part decided once, in *cma. */
+bool tcp_cma_usable(tcp_cma_t *cma, int fd, uint32_t pid, size_t len);
 
 /* Copies len bytes at raddr in process pid to dst with the context's
  * copy team; false if any piece failed (dst is then partly written). */

@@ -87,6 +87,13 @@ static void case_fetched(h_rank_t *r) {
     H_CHECK_EQ(exchange(r, "1"), NSIZES);
 }
 
+/* Past DLSLIME_TCP_CMA_MAX a rendezvous takes the socket: of the sizes,
+ * only the first is fetched. */
+static void case_limit(h_rank_t *r) {
+    H_CHECK(setenv("DLSLIME_TCP_CMA_MAX", "1M", 1) == 0);
+    H_CHECK_EQ(exchange(r, "1"), 1);
+}
+
 /* Switched off, and by default between processes of one network
  * namespace (tcp asked for there is tcp), every byte takes the stream. */
 static void case_stream(h_rank_t *r) {
@@ -160,6 +167,7 @@ static void case_netns(h_rank_t *r) {
 int main(int argc, char **argv) {
     static const h_case_t cases[] = {
         {"fetched", case_fetched, 2, true, 0},
+        {"limit", case_limit, 2, true, 0},
         {"stream", case_stream, 2, true, 0},
         {"refused", case_refused, 2, true, 0},
         {"netns", case_netns, 2, true, 0},
