@@ -444,7 +444,8 @@ static PyMethodDef context_methods[] = {
      "address() -> bytes: the blob peers pass to connect()."},
     {"counter", (PyCFunction)context_counter, METH_O,
      "counter(which) -> the context's count (COUNTER_*: registrations of "
-     "send/recv buffers, and those reused; pings to silent peers)"},
+     "send/recv buffers, and those reused; pings to silent peers; tcp "
+     "rendezvous fetched by CMA)"},
     {"connect", (PyCFunction)(void (*)(void))context_connect,
      METH_VARARGS | METH_KEYWORDS,
      "connect(addr, timeout_ms=30000) -> Endpoint to the peer of that "

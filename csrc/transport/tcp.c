@@ -1,7 +1,8 @@
 /* The tcp transport: non-blocking sockets driven by the progress engine.
  * Reads of small frames go through a staging buffer (one syscall for many
  * frames), which combining receives fold from in place; large payloads are
- * received straight into their destination. */
+ * received straight into their destination; a rendezvous with a peer of
+ * this host in another network namespace goes by CMA (tcp_cma.c). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "transport/sockio.h"
+#include "transport/tcp_cma.h"
 #include "transport/transport.h"
 
 #define STAGE_SIZE (64 * 1024)
@@ -20,6 +22,7 @@
 typedef struct tcp_conn {
     int fd;
     bool drained;               /* the last receive emptied the socket */
+    tcp_cma_t cma;              /* whether rendezvous go by CMA */
     size_t stage_off, stage_len;
     uint8_t stage[STAGE_SIZE];
 } tcp_conn_t;
@@ -29,6 +32,7 @@ static tcp_conn_t *tcp_conn_new(int fd) {
     if (!c) return NULL;
     c->fd = fd;
     c->drained = false;
+    c->cma.state = TCP_CMA_UNKNOWN;
     c->stage_off = c->stage_len = 0;
     return c;
 }
@@ -39,6 +43,7 @@ typedef struct tcp_ctx {
     uint16_t port;
     uint16_t n_hosts;
     uint32_t hosts[WIRE_MAX_HOSTS];
+    atomic_uint_fast64_t cma_fetches; /* SLIME_COUNTER_TCP_CMA_FETCHES */
 } tcp_ctx_t;
 
 static slime_status_t tcp_listen(const char *host, uint16_t port, int *fd_out, uint16_t *bound_port) {
@@ -280,6 +285,41 @@ static bool tcp_rx_ready(slime_ep_t *ep) {
 
 static void tcp_fd_event(slime_ep_t *ep, uint32_t events) { (void)ep; (void)events; }
 
+/* The sender's half of a rendezvous by CMA: the RTS says where its
+ * bytes are.  Nothing to release: the send completes when the receiver
+ * says it fetched them (F_RNDV_DONE) or asks for them (F_CTS). */
+static void tcp_rndv_offer(slime_ep_t *ep, slime_req_t *send, frame_t *rts) {
+    tcp_conn_t *c = ep->conn;
+    if (!tcp_cma_usable(&c->cma, c->fd, ep->peer_pid, send->len)) return;
+    rts->flags |= FF_RDMA;
+    rts->d = (uint64_t)(uintptr_t)send->buf;
+    rts->rkey = 0;
+}
+
+/* The receiver's half: copied whole here, or, should the kernel refuse
+ * any of it, left to a plain CTS (the stream then rewrites every byte),
+ * and this connection's rendezvous go by the stream from now on. */
+static slime_status_t tcp_rndv_fetch(slime_ep_t *ep, slime_req_t *recv, uint64_t sreq, uint64_t raddr,
+                                     uint32_t rkey, uint64_t len) {
+    (void)rkey;
+    tcp_conn_t *c = ep->conn;
+    if (!tcp_cma_usable(&c->cma, c->fd, ep->peer_pid, len)) return SLIME_ERR_UNSUPPORTED;
+    if (!tcp_cma_fetch(ep->ctx, ep->peer_pid, recv->buf, raddr, len)) {
+        c->cma.state = TCP_CMA_OFF;
+        return SLIME_ERR_UNSUPPORTED;
+    }
+    tcp_ctx_t *t = ctx_tp_state(ep->ctx, WIRE_TRANSPORT_TCP);
+    atomic_fetch_add(&t->cma_fetches, 1);
+    req_complete(recv, SLIME_OK, NULL);
+    proto_rndv_done(ep, sreq, SLIME_OK);
+    return SLIME_OK;
+}
+
+static uint64_t tcp_counter(const void *state, slime_counter_t which) {
+    const tcp_ctx_t *t = state;
+    return which == SLIME_COUNTER_TCP_CMA_FETCHES ? atomic_load(&t->cma_fetches) : 0;
+}
+
 static void tcp_close(slime_ep_t *ep) {
     tcp_conn_t *c = ep->conn;
     if (!c) return;
@@ -302,6 +342,7 @@ const transport_ops_t slime_tcp_transport = {
     .reach = tcp_reach,
     .listen_fd = tcp_listen_fd,
     .accept = tcp_accept,
+    .counter = tcp_counter,
     .dial = tcp_dial,
     .read_hello = tcp_read_hello,
     .send_welcome = tcp_send_welcome,
@@ -313,4 +354,6 @@ const transport_ops_t slime_tcp_transport = {
     .close = tcp_close,
     .rx_peek = tcp_rx_peek,
     .rx_consume = tcp_rx_consume,
+    .rndv_offer = tcp_rndv_offer,
+    .rndv_fetch = tcp_rndv_fetch,
 };

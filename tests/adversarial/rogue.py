@@ -62,14 +62,16 @@ def context_id(secret):
 _SECRETS = {}
 
 
-def hello(address, transport, ctx_id, token=TOKEN):
+def hello(address, transport, ctx_id, token=TOKEN, pid=None):
     """A hello to the context at address (in its wire version) from a
     context ctx_id that holds token: with the secret behind ctx_id where
-    rogue_id made it, else (a squatter's claim) a secret that is not."""
+    rogue_id made it, else (a squatter's claim) a secret that is not;
+    naming pid as its process (default: ours)."""
     version = address_version(address)
     proof = token_digest("dlslime-hello-1", token)
     job = token_digest("dlslime-job-1", token)
-    head = _HELLO.pack(HELLO_MAGIC, version, transport, 0, proof, ctx_id, os.getpid(), 0, job)
+    pid = os.getpid() if pid is None else pid
+    head = _HELLO.pack(HELLO_MAGIC, version, transport, 0, proof, ctx_id, pid, 0, job)
     if version < 3:  # before ids were bound to a secret
         return head
     return head + _SECRETS.get(ctx_id, os.urandom(ID_SECRET))
@@ -195,11 +197,11 @@ def frame(ftype, a=0, b=0, c=0, d=0, u32=0, length=0):
     return _FRAME.pack(ftype, 0, 0, u32, 0, 0, a, b, c, d, length)
 
 
-def tcp_session(address, ctx_id, timeout=CONNECT_TIMEOUT_MS / 1000):
-    """A connection the target welcomed as peer ctx_id, its frames ours
-    to send."""
+def tcp_session(address, ctx_id, timeout=CONNECT_TIMEOUT_MS / 1000, pid=None):
+    """A connection the target welcomed as peer ctx_id (of process pid,
+    by its hello), its frames ours to send."""
     sock = socket.create_connection(("127.0.0.1", address_tcp_port(address)), timeout=timeout)
-    sock.sendall(hello(address, TRANSPORT_TCP, ctx_id))
+    sock.sendall(hello(address, TRANSPORT_TCP, ctx_id, pid=pid))
     data = b""
     while len(data) < _WELCOME.size:
         chunk = sock.recv(_WELCOME.size - len(data))

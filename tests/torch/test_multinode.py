@@ -3,7 +3,8 @@
 namespaces (two hosts joined by a veth pair).
 
 The test checks the job's own report again, from outside: the results of
-all_reduce and of a send/recv ring that crosses the nodes, and that each
+all_reduce and of a send/recv ring that crosses the nodes (whose 4 MiB
+from the other namespace is copied by CMA), and that each
 rank's endpoint to a rank of the other node is tcp and to the rank of its
 own node shm (the node of a rank is taken from which torchrun printed its
 lines, not from what the rank says).  Skipped, with the reason, where
@@ -59,6 +60,9 @@ def test_two_node_job_over_tcp_and_shm():
         text = "\n".join(lines)
         assert f"all_reduce sum = {SIZE * (SIZE + 1) // 2}" in text, text
         assert f"ring recv from rank {(rank - 1) % SIZE} = {(rank - 1) % SIZE}" in text, text
+        # the ring's 4 MiB from the other namespace came by CMA, not the socket
+        cma = int(re.search(r"tcp cma fetches = (\d+)", text)[1])
+        assert (cma >= 1) == (node_of[(rank - 1) % SIZE] != node), f"rank {rank}: {cma} CMA fetches"
         m = re.search(r"transports (.*)", text)
         assert m, text
         seen = {}

@@ -157,6 +157,10 @@ typedef enum slime_counter {
     /* pings sent to peers that were waited on and silent (peer liveness:
      * DLSLIME_PEER_SILENCE_MS) */
     SLIME_COUNTER_PEER_PINGS = 2,
+    /* tcp rendezvous this context received by copying them out of the
+     * sender's memory (CMA), with a peer of this host in another network
+     * namespace (DLSLIME_TCP_CMA) */
+    SLIME_COUNTER_TCP_CMA_FETCHES = 3,
 } slime_counter_t;
 /* The counter's value; 0 for an unknown counter. */
 SLIME_API uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which);

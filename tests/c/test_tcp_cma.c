@@ -1,0 +1,176 @@
+/*
+ * test_tcp_cma.c - rendezvous by CMA between tcp peers of one host
+ * (transport/tcp_cma.c).  Both ranks use tcp whatever the environment
+ * forces; DLSLIME_TCP_CMA=1 lets two processes of one network namespace
+ * use the path that peers in different ones take by default.  Each case
+ * moves rendezvous both ways (so the dialer and the acceptor each prove
+ * the other local), with the receive posted before and after the
+ * announcement, and checks every byte and who fetched what.  The case
+ * the path is for, two network namespaces joined by a veth pair, runs
+ * where namespaces can be made (root), and says why where they cannot.
+ */
+#include "harness.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+
+#define TAG 40
+
+/* Past the eager limit (256 KiB), below and above the copy team's. */
+static const size_t sizes[] = {300 * H_KIB, 4 * H_MIB + 3, 17 * H_MIB};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+
+static slime_ep_t *tcp_pair(h_rank_t *r, const char *mode, slime_ctx_t **ctx) {
+    if (mode) H_CHECK(setenv("DLSLIME_TCP_CMA", mode, 1) == 0);
+    else H_CHECK(unsetenv("DLSLIME_TCP_CMA") == 0);
+    slime_ctx_opts_t opts;
+    slime_ctx_opts_init(&opts);
+    opts.transport = "tcp";
+    *ctx = h_ctx_create(&opts);
+    slime_ep_t *eps[H_MAX_RANKS] = {NULL};
+    h_connect_all(r, *ctx, eps);
+    return eps[h_peer(r)];
+}
+
+/* Rank `from` sends every size; rank 1 - from receives, its receive
+ * posted first for even sizes and after the announcement for odd ones. */
+static void one_way(h_rank_t *r, slime_ep_t *ep, int from, uint8_t *buf) {
+    const int peer = h_peer(r);
+    for (size_t i = 0; i < NSIZES; i++) {
+        uint64_t seed = 100 + i + 10 * (uint64_t)from;
+        slime_req_t *req = NULL;
+        if (r->rank == from) {
+            h_fill(buf, sizes[i], seed, 0);
+            if (i % 2) (void)h_ctl_recv_u64(r, peer); /* its receive is posted */
+            H_CHECK_OK(slime_send(ep, buf, sizes[i], TAG + i, &req));
+            if (!(i % 2)) h_ctl_send_u64(r, peer, 1); /* announced: receive now */
+            H_WAIT_FREE(req, SLIME_OK);
+        } else {
+            memset(buf, 0, sizes[i]);
+            if (!(i % 2)) (void)h_ctl_recv_u64(r, peer);
+            H_CHECK_OK(slime_recv(ep, buf, sizes[i], TAG + i, &req));
+            if (i % 2) h_ctl_send_u64(r, peer, 1);
+            H_WAIT(req, SLIME_OK);
+            H_CHECK_EQ(slime_req_bytes(req), sizes[i]);
+            H_CHECK_PATTERN(buf, sizes[i], seed, 0);
+            slime_req_free(req);
+        }
+    }
+}
+
+/* Moves every size both ways; returns this rank's CMA fetches. */
+static uint64_t exchange(h_rank_t *r, const char *mode) {
+    slime_ctx_t *ctx = NULL;
+    slime_ep_t *ep = tcp_pair(r, mode, &ctx);
+    H_CHECK(strcmp(slime_ep_transport(ep), "tcp") == 0);
+    uint8_t *buf = h_alloc(sizes[NSIZES - 1]);
+    one_way(r, ep, 0, buf);
+    one_way(r, ep, 1, buf);
+    h_barrier(r);
+    uint64_t fetched = slime_ctx_counter(ctx, SLIME_COUNTER_TCP_CMA_FETCHES);
+    free(buf);
+    slime_ctx_destroy(ctx);
+    return fetched;
+}
+
+/* Proven local, every rendezvous is fetched by its receiver. */
+static void case_fetched(h_rank_t *r) {
+    H_CHECK_EQ(exchange(r, "1"), NSIZES);
+}
+
+/* Past DLSLIME_TCP_CMA_MAX a rendezvous takes the socket: of the sizes,
+ * only the first is fetched. */
+static void case_limit(h_rank_t *r) {
+    H_CHECK(setenv("DLSLIME_TCP_CMA_MAX", "1M", 1) == 0);
+    H_CHECK_EQ(exchange(r, "1"), 1);
+}
+
+/* Switched off, and by default between processes of one network
+ * namespace (tcp asked for there is tcp), every byte takes the stream. */
+static void case_stream(h_rank_t *r) {
+    H_CHECK_EQ(exchange(r, "0"), 0);
+    H_CHECK_EQ(exchange(r, NULL), 0);
+}
+
+/* process_vm_readv fails with EPERM in this process from now on. */
+static void refuse_cma(void) {
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof filter / sizeof filter[0], .filter = filter};
+    H_CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
+    H_CHECK(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0);
+}
+
+/* A receiver the kernel refuses CMA still gets every byte of an offered
+ * rendezvous (by a plain CTS and the stream), and offers none itself
+ * from then on: nothing is fetched either way. */
+static void case_refused(h_rank_t *r) {
+    if (r->rank == 1) refuse_cma();
+    H_CHECK_EQ(exchange(r, "1"), 0);
+}
+
+/* Runs a shell command; false (logged) if it failed. */
+static bool sh(const char *cmd) {
+    int st = system(cmd);
+    if (st != 0) h_log("'%s' failed (%d)", cmd, st);
+    return st == 0;
+}
+
+/* Puts each rank in a network namespace of its own, joined by a veth
+ * pair (10.215.0.1 and .2), and makes it listen on its end; false on
+ * both ranks when either could not. */
+static bool own_netns(h_rank_t *r) {
+    const int peer = h_peer(r);
+    char cmd[256];
+    bool ok = geteuid() == 0 && unshare(CLONE_NEWNET) == 0;
+    if (!ok) h_log("no network namespace here (%s)", geteuid() ? "not root" : strerror(errno));
+    h_ctl_send_u64(r, peer, ok ? (uint64_t)getpid() : 0);
+    uint64_t peer_pid = h_ctl_recv_u64(r, peer);
+    if (!ok || !peer_pid) return false;
+    if (r->rank == 0) {
+        snprintf(cmd, sizeof cmd, "ip link add tcmv0 netns %d type veth peer name tcmv1 netns %llu",
+                 (int)getpid(), (unsigned long long)peer_pid);
+        ok = sh(cmd);
+    }
+    h_barrier(r);
+    snprintf(cmd, sizeof cmd, "ip addr add 10.215.0.%d/30 dev tcmv%d && ip link set tcmv%d up", r->rank + 1,
+             r->rank, r->rank);
+    ok = ok && sh(cmd);
+    snprintf(cmd, sizeof cmd, "10.215.0.%d", r->rank + 1);
+    H_CHECK(setenv("DLSLIME_HOST", cmd, 1) == 0);
+    h_ctl_send_u64(r, peer, ok);
+    return h_ctl_recv_u64(r, peer) && ok;
+}
+
+/* The default: peers in two network namespaces fetch every rendezvous. */
+static void case_netns(h_rank_t *r) {
+    if (!own_netns(r)) {
+        h_log("not run: two network namespaces cannot be made here");
+        return;
+    }
+    H_CHECK_EQ(exchange(r, NULL), NSIZES);
+}
+
+int main(int argc, char **argv) {
+    static const h_case_t cases[] = {
+        {"fetched", case_fetched, 2, true, 0},
+        {"limit", case_limit, 2, true, 0},
+        {"stream", case_stream, 2, true, 0},
+        {"refused", case_refused, 2, true, 0},
+        {"netns", case_netns, 2, true, 0},
+    };
+    return h_main("test_tcp_cma", cases, sizeof cases / sizeof cases[0], argc, argv);
+}
