@@ -11,8 +11,8 @@ namespaces as the two hosts.  Every rank checks, and prints for the
 caller to check again:
   - all_reduce (SUM) of rank + 1 over all ranks;
   - a ring of send/recv, each rank to the next across the whole job, and
-    how many tcp rendezvous this rank fetched by CMA (from a peer of the
-    same machine in another network namespace, as under multinode.sh);
+    how many tcp rendezvous this rank fetched by CMA (none between real
+    hosts, nor under multinode.sh, which turns that shortcut off);
   - which transport carries each of its peers, read from the very
     endpoints the backend made (Context.connect returns the existing
     endpoint to a peer): shm on its own node, tcp to the other.
@@ -54,8 +54,8 @@ def body(rank, size, gloo):
     send.wait()
     check(bool((got == float((rank - 1) % size)).all()), "ring send/recv")
     say(f"ring recv from rank {(rank - 1) % size} = {got[0].item():g}")
-    # from a peer of this host in another network namespace (multinode.sh's
-    # "nodes") a tcp rendezvous is copied out of the sender by CMA
+    # CMA reaches only a peer of this machine in another network namespace
+    # (DLSLIME_TCP_CMA): never one on another host
     say(f"tcp cma fetches = {runtime.current().counter(_C.COUNTER_TCP_CMA_FETCHES)}")
 
     transports, nodes = peer_transports(rank, size, gloo)

@@ -39,6 +39,10 @@ done
 
 export PYTHONPATH="$PWD/examples:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset DLSLIME_HOST DLSLIME_TRANSPORT
+# The namespaces stand in for hosts, and between hosts no process reads
+# another's memory: tcp's same-machine CMA shortcut is off, so the bytes
+# between "nodes" really cross the veth as they would cross a network.
+export DLSLIME_TCP_CMA=0
 # Node 0 hosts the rendezvous store: said outright, since torch's guess
 # (is the endpoint one of my addresses?) does not look inside a namespace.
 pids=()
