@@ -829,8 +829,8 @@ def plot(path, rows, backends, ops):
             ax.set_yscale("log")
             ax.set_title(f"{op}, {world} ranks, {transport}", fontsize=10)
             ax.grid(True, which="both", alpha=0.3)
-            ticks = [t for t in (4, 64, 1 * KiB, 16 * KiB, 256 * KiB, 4 * MiB, 64 * MiB)
-                     if lo <= t <= hi]
+            ticks = [t for t in (4, 64, 1 * KiB, 16 * KiB, 256 * KiB, 4 * MiB, 64 * MiB,
+                                 256 * MiB) if lo <= t <= hi]
             if ticks:
                 ax.set_xticks(ticks)
                 ax.set_xticklabels([human(t).replace(" ", "") for t in ticks], fontsize=8)

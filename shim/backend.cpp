@@ -216,6 +216,9 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::post_collectives(
   // dropped at once; each keeps the buffers alive until its request
   // completes (see ~WorkDlslime).  Arguments were checked before the
   // first post, so a later post fails only when the communicator is gone.
+  // Only the last carries spec's synchronous hint (poster_waits): a wait
+  // runs only the collective at the head of the queue, so the earlier
+  // ones must wake the worker.
   for (size_t i = 0; i + 1 < issues.size(); i++) {
     WorkSpec earlier;
     earlier.type = spec.type;

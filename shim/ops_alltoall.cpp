@@ -89,7 +89,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::alltoall_base(
   at::Tensor dst = staging.output(output, false);
   return post_collective(
       collective_spec(c10d::OpType::ALLTOALL_BASE, "dlslime:all_to_all_single",
-                      op, {output}, staging),
+                      op, {output}, staging, opts.asyncOp),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_alltoallv(comm, data_of(src), send.bytes.data(),
                                send.offs.data(), data_of(dst),
@@ -132,7 +132,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::alltoall(
   }
   return post_collective(
       collective_spec(c10d::OpType::ALLTOALL, "dlslime:all_to_all", op,
-                      outputs, staging),
+                      outputs, staging, opts.asyncOp),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_alltoallv_ptrs(comm, srcs.data(), send_bytes.data(),
                                     dsts.data(), recv_bytes.data(), out);

@@ -96,7 +96,8 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allgather_coalesced(
   at::Tensor dst = staging.blocks(outputs, 1, false, true);
   return post_collective(
       collective_spec(c10d::OpType::ALLGATHER_COALESCED,
-                      "dlslime:all_gather_coalesced", op, outputs, staging),
+                      "dlslime:all_gather_coalesced", op, outputs, staging,
+                      opts.asyncOp),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_allgather(comm, data_of(src), src.nbytes(), data_of(dst),
                                out);
@@ -116,7 +117,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allgather_into_tensor_coalesced(
   return post_collective(
       collective_spec(c10d::OpType::COALESCED,
                       "dlslime:all_gather_into_tensor_coalesced", op, outputs,
-                      staging),
+                      staging, opts.asyncOp),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_allgather(comm, data_of(src), src.nbytes(), data_of(dst),
                                out);
@@ -149,7 +150,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::reduce_scatter_tensor_coalesced(
   return post_collectives(
       collective_spec(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
                       "dlslime:reduce_scatter_tensor_coalesced", op, outputs,
-                      staging),
+                      staging, opts.asyncOp),
       opts.timeout, issues);
 }
 
@@ -176,7 +177,8 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allreduce_coalesced(
   }
   return post_collectives(
       collective_spec(c10d::OpType::ALLREDUCE_COALESCED,
-                      "dlslime:all_reduce_coalesced", op, tensors, staging),
+                      "dlslime:all_reduce_coalesced", op, tensors, staging,
+                      opts.asyncOp),
       opts.timeout, issues);
 }
 

@@ -103,7 +103,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::gather(
   }
   return post_collective(
       collective_spec(c10d::OpType::GATHER, "dlslime:gather", op, results,
-                      staging),
+                      staging, opts.asyncOp),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_gather_ptrs(comm, data_of(src), src.nbytes(),
                                  blocks.empty() ? nullptr : blocks.data(),
@@ -138,7 +138,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::scatter(
   }
   return post_collective(
       collective_spec(c10d::OpType::SCATTER, "dlslime:scatter", op, outputs,
-                      staging),
+                      staging, opts.asyncOp),
       opts.timeout, [&](slime_comm_t* comm, slime_req_t** out) {
         return slime_scatter_ptrs(comm,
                                   blocks.empty() ? nullptr : blocks.data(),

@@ -14,7 +14,8 @@
  * copies it straight out of the sender's buffer (one copy, by CMA,
  * instead of one into the shared ring and one out of it).  The sender of
  * a link chooses and says so first (link_hello_t), so both ends always
- * agree; DLSLIME_COLL_CMA=0 turns it off.  Since the shm stream got
+ * agree; DLSLIME_COLL_CMA=0 turns it off.  Below the size where reads
+ * may be taken (links_setup) no hello is sent.  Since the shm stream got
  * larger rings and streaming stores it is the faster way on two cores,
  * so reads are only taken from $DLSLIME_COLL_CMA_MIN bytes, unset by
  * default (see coll_cma_min_bytes()).
@@ -259,15 +260,19 @@ static slime_status_t blocks_reg(ring_state_t *g, unsigned access, slime_mr_desc
     return SLIME_OK;
 }
 
-/* Agrees with both neighbours on how each link moves chunks. */
+/* Agrees with both neighbours on how each link moves chunks.  Below
+ * coll_cma_min_bytes() (the same on every rank) both ends know that no
+ * link reads, so they exchange nothing: a hello round trip cost every
+ * ring collective a small message's latency and a meeting of the
+ * neighbours before the first chunk could move. */
 static bool links_setup(ring_state_t *g) {
     const ring_plan_t *p = g->p;
     coll_run_t *r = g->r;
     g->done_h = -1;
     for (int k = 0; k < RING_WINDOW; k++) g->reads[k] = -1;
-    if (p->mode != RING_INPLACE) return true; /* both ends know: no reads */
     size_t bytes = p->total * p->esize;
-    if (bytes >= coll_cma_min_bytes() && cma_allowed() && link_reads_by_cpu(g, g->right)) {
+    if (p->mode != RING_INPLACE || bytes < coll_cma_min_bytes()) return true;
+    if (cma_allowed() && link_reads_by_cpu(g, g->right)) {
         if (blocks_reg(g, SLIME_ACCESS_REMOTE_READ, g->hello_out->desc) == SLIME_OK)
             g->hello_out->by_read = 1;
         else
@@ -445,12 +450,16 @@ static bool process_unit(ring_state_t *g) {
     return ok;
 }
 
+/* Keeps RING_WINDOW receives posted ahead of the unit being processed. */
+static bool post_window(ring_state_t *g) {
+    bool ok = true;
+    while (ok && g->posted < g->total_units && g->posted < g->done + RING_WINDOW) ok = post_unit(g);
+    return ok;
+}
+
 static bool ring_pipeline(ring_state_t *g) {
     bool ok = true;
-    while (ok && g->done < g->total_units) {
-        while (ok && g->posted < g->total_units && g->posted < g->done + RING_WINDOW) ok = post_unit(g);
-        if (ok) ok = process_unit(g);
-    }
+    while (ok && g->done < g->total_units) ok = post_window(g) && process_unit(g);
     return ok;
 }
 
@@ -479,7 +488,10 @@ bool ring_run(coll_run_t *r, const ring_plan_t *p) {
     bool ok = ring_setup(&g);
     pos_settle(&g, &g.post);
     pos_settle(&g, &g.proc);
-    ok = ok && send_first_block(&g) && ring_pipeline(&g);
+    /* the receives go first: a neighbour's chunk that finds its receive
+     * posted lands in place, where one that comes first is copied into
+     * an unexpected message and again out of it */
+    ok = ok && post_window(&g) && send_first_block(&g) && ring_pipeline(&g);
     ok = ring_finish(&g, ok);
     ring_free(&g);
     return ok && run_ok(r);
