@@ -121,13 +121,14 @@ typedef struct mr_entry {
 
 typedef struct mr_shared {
     uint64_t magic;
-    /* threads of this context polling its rings right now; a peer that
-     * writes to a ring rings the doorbell only when this is 0 */
+    /* progress threads of this context polling its rings right now; a
+     * peer that writes to a ring rings the doorbell only when this is 0 */
     _Atomic int32_t polling;
     uint32_t pad;
-    /* ...nor until this time (CLOCK_MONOTONIC ns): a thread that just
-     * stopped polling is likely to wait again at once, and a doorbell
-     * would only wake our progress thread for nothing */
+    /* ...nor until this time (CLOCK_MONOTONIC ns), which a spinning
+     * waiter keeps ahead of the clock: a thread that just stopped polling
+     * is likely to wait again at once, and a doorbell would only wake our
+     * progress thread for nothing */
     _Atomic uint64_t grace_until;
     /* blocks of slime_mem_alloc freed in this process: a peer holding
      * mappings of our blocks drops them when this changes (shmem.c) */
@@ -305,6 +306,7 @@ bool ep_has_cap(const slime_ep_t *ep, unsigned caps);
 void frames_queue(slime_ep_t *ep, txn_t *t);
 txn_t *txn_new(uint8_t type, size_t textlen);
 int frames_flush(slime_ep_t *ep);   /* >0 if it moved bytes */
+void frames_send(slime_ep_t *ep, const frame_t *hdr, const void *payload, slime_req_t *req);
 int frames_rx(slime_ep_t *ep);      /* >0 if it moved bytes */
 /* proto.c */
 void proto_on_header(slime_ep_t *ep);

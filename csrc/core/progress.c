@@ -4,7 +4,8 @@
  * waiters on a condition variable, the progress thread in epoll, woken by
  * sockets, by the eventfd, or by a peer's doorbell on a connection whose
  * bytes arrive in memory (TP_CAP_POLLED), which the peer rings only when
- * no thread of ours is polling (the `polling` count in our shared table). */
+ * no thread of ours is polling (our shared table's `polling` count, kept
+ * by the progress thread, and `grace_until`, kept ahead by waiters). */
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
@@ -89,19 +90,29 @@ static bool busy_locked(slime_ctx_t *ctx) {
     return false;
 }
 
+/* A spinning waiter keeps our shared grace_until ahead of the clock, so
+ * peers ring no doorbells while it polls and for a moment after, and
+ * rewrites it only once half of it has passed.  Every peer's writer reads
+ * that line on every write: a shared write per wait (a count of polling
+ * waiters, as the progress thread keeps) cost each small message a
+ * cross-core miss on the way in and one on the way out. */
+static void grace_extend(slime_ctx_t *ctx, uint64_t t) {
+    if (atomic_load_explicit(&ctx->mr_table->grace_until, memory_order_relaxed) < t + GRACE_NS / 2)
+        atomic_store(&ctx->mr_table->grace_until, t + GRACE_NS);
+}
+
 /* A waiter starts polling.  A progress thread in a long sleep must
  * switch to naps: once this waiter leaves, peers skip doorbells for a
  * grace period, and only the progress thread's nap covers it. */
-static void waiter_enter(slime_ctx_t *ctx) {
-    atomic_fetch_add(&ctx->mr_table->polling, 1);
+static void waiter_enter(slime_ctx_t *ctx, uint64_t t) {
     atomic_fetch_add(&ctx->spinners, 1);
+    grace_extend(ctx, t);
     if (atomic_load(&ctx->pt_long_sleep)) ctx_kick(ctx);
 }
 
-static void waiter_leave(slime_ctx_t *ctx) {
-    atomic_store(&ctx->mr_table->grace_until, now_ns() + GRACE_NS);
+static void waiter_leave(slime_ctx_t *ctx, uint64_t t) {
+    grace_extend(ctx, t);
     atomic_fetch_sub(&ctx->spinners, 1);
-    atomic_fetch_sub(&ctx->mr_table->polling, 1);
 }
 
 void ctx_post_work(slime_ctx_t *ctx) {
@@ -154,8 +165,8 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t 
 }
 
 static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
-    waiter_enter(ctx);
-    uint64_t last = now_ns();
+    uint64_t last = now_ns(), t = last;
+    waiter_enter(ctx, t);
     bool ok = false, timed_out = false;
     for (;;) {
         if (done(arg)) { ok = true; break; }
@@ -165,7 +176,8 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         int did = progress_locked(ctx);
         pthread_mutex_unlock(&ctx->lock);
         /* one clock read a turn: it costs as much as a pause (~50 ns) */
-        uint64_t t = now_ns();
+        t = now_ns();
+        grace_extend(ctx, t);
         if (did) last = t;
         if (t >= deadline || atomic_load(&ctx->closed)) { timed_out = true; break; }
         if (t - last > WAIT_SPIN_NS) break;
@@ -177,7 +189,7 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         if (t - last > YIELD_AFTER_NS) sched_yield();
         else cpu_relax();
     }
-    waiter_leave(ctx);
+    waiter_leave(ctx, t);
     if (ok || timed_out) return ok || done(arg);
     /* we stop spinning but keep waiting: the progress thread takes over */
     if (atomic_load(&ctx->spinners) == 0) ctx_kick(ctx);
