@@ -121,14 +121,14 @@ typedef struct mr_entry {
 
 typedef struct mr_shared {
     uint64_t magic;
-    /* progress threads of this context polling its rings right now; a
-     * peer that writes to a ring rings the doorbell only when this is 0 */
+    /* threads of this context polling its rings right now (waiters count
+     * as one, until the progress thread sleeps: progress.c); a peer that
+     * writes to a ring rings the doorbell only when this is 0 */
     _Atomic int32_t polling;
     uint32_t pad;
-    /* ...nor until this time (CLOCK_MONOTONIC ns), which a spinning
-     * waiter keeps ahead of the clock: a thread that just stopped polling
-     * is likely to wait again at once, and a doorbell would only wake our
-     * progress thread for nothing */
+    /* ...nor until this time (CLOCK_MONOTONIC ns): a thread that just
+     * stopped polling is likely to wait again at once, and a doorbell
+     * would only wake our progress thread for nothing */
     _Atomic uint64_t grace_until;
     /* blocks of slime_mem_alloc freed in this process: a peer holding
      * mappings of our blocks drops them when this changes (shmem.c) */
@@ -425,6 +425,7 @@ struct slime_ctx {
     _Atomic bool closed;        /* destroy failed every request: waiters leave */
     _Atomic int users;          /* threads inside ctx_wait_until */
     _Atomic int spinners;
+    _Atomic bool waiters_polling; /* waiters count in mr_table->polling */
     _Atomic bool pt_asleep;     /* the progress thread sleeps in epoll */
     _Atomic bool pt_long_sleep; /* ...and not for a short while only */
     bool midway;                /* under lock: a peer's write is half in */

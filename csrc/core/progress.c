@@ -4,8 +4,7 @@
  * waiters on a condition variable, the progress thread in epoll, woken by
  * sockets, by the eventfd, or by a peer's doorbell on a connection whose
  * bytes arrive in memory (TP_CAP_POLLED), which the peer rings only when
- * no thread of ours is polling (our shared table's `polling` count, kept
- * by the progress thread, and `grace_until`, kept ahead by waiters). */
+ * no thread of ours is polling (the `polling` count in our shared table). */
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
@@ -90,29 +89,33 @@ static bool busy_locked(slime_ctx_t *ctx) {
     return false;
 }
 
-/* A spinning waiter keeps our shared grace_until ahead of the clock, so
- * peers ring no doorbells while it polls and for a moment after, and
- * rewrites it only once half of it has passed.  Every peer's writer reads
- * that line on every write: a shared write per wait (a count of polling
- * waiters, as the progress thread keeps) cost each small message a
- * cross-core miss on the way in and one on the way out. */
-static void grace_extend(slime_ctx_t *ctx, uint64_t t) {
-    if (atomic_load_explicit(&ctx->mr_table->grace_until, memory_order_relaxed) < t + GRACE_NS / 2)
-        atomic_store(&ctx->mr_table->grace_until, t + GRACE_NS);
-}
-
-/* A waiter starts polling.  A progress thread in a long sleep must
- * switch to naps: once this waiter leaves, peers skip doorbells for a
- * grace period, and only the progress thread's nap covers it. */
-static void waiter_enter(slime_ctx_t *ctx, uint64_t t) {
+/* A waiter starts polling.  Waiters count in our shared `polling` from
+ * the first one's spin until the progress thread next goes to sleep with
+ * none spinning, not wait by wait: every peer's writer reads that line on
+ * every ring write, so a count per wait cost each small message a
+ * cross-core miss on the way in and one on the way out.  A progress
+ * thread in a long sleep must switch to naps: once the waiters leave,
+ * peers skip doorbells for a grace period, and only its nap covers it. */
+static void waiter_enter(slime_ctx_t *ctx) {
     atomic_fetch_add(&ctx->spinners, 1);
-    grace_extend(ctx, t);
+    if (!atomic_load_explicit(&ctx->waiters_polling, memory_order_relaxed) &&
+        !atomic_exchange(&ctx->waiters_polling, true))
+        atomic_fetch_add(&ctx->mr_table->polling, 1);
     if (atomic_load(&ctx->pt_long_sleep)) ctx_kick(ctx);
 }
 
-static void waiter_leave(slime_ctx_t *ctx, uint64_t t) {
-    grace_extend(ctx, t);
+/* sleeping: the waiter goes on waiting asleep (a short spin is over) */
+static void waiter_leave(slime_ctx_t *ctx, bool sleeping) {
+    if (sleeping) atomic_store(&ctx->mr_table->grace_until, now_ns() + GRACE_NS);
     atomic_fetch_sub(&ctx->spinners, 1);
+}
+
+/* The progress thread, about to sleep: the waiters' count goes too when
+ * none of them spins (a waiter that starts meanwhile and finds it still
+ * set spins uncounted, which costs at most a peer's doorbell). */
+static void waiters_unpoll(slime_ctx_t *ctx) {
+    if (atomic_load(&ctx->spinners) == 0 && atomic_exchange(&ctx->waiters_polling, false))
+        atomic_fetch_sub(&ctx->mr_table->polling, 1);
 }
 
 void ctx_post_work(slime_ctx_t *ctx) {
@@ -165,8 +168,8 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t 
 }
 
 static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
-    uint64_t last = now_ns(), t = last;
-    waiter_enter(ctx, t);
+    waiter_enter(ctx);
+    uint64_t last = now_ns();
     bool ok = false, timed_out = false;
     for (;;) {
         if (done(arg)) { ok = true; break; }
@@ -178,8 +181,7 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         /* what this turn completed is seen before the clock is read */
         if (did && done(arg)) { ok = true; break; }
         /* one clock read a turn: it costs as much as a pause (~50 ns) */
-        t = now_ns();
-        grace_extend(ctx, t);
+        uint64_t t = now_ns();
         if (did) last = t;
         if (t >= deadline || atomic_load(&ctx->closed)) { timed_out = true; break; }
         if (t - last > WAIT_SPIN_NS) break;
@@ -191,7 +193,7 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         if (t - last > YIELD_AFTER_NS) sched_yield();
         else cpu_relax();
     }
-    waiter_leave(ctx, t);
+    waiter_leave(ctx, !ok && !timed_out);
     if (ok || timed_out) return ok || done(arg);
     /* we stop spinning but keep waiting: the progress thread takes over */
     if (atomic_load(&ctx->spinners) == 0) ctx_kick(ctx);
@@ -240,6 +242,7 @@ void *progress_thread_main(void *arg) {
             continue;
         }
         atomic_fetch_sub(&ctx->mr_table->polling, 1);
+        waiters_unpoll(ctx); /* before the look (busy_locked), as our own count */
         atomic_store(&ctx->pt_asleep, true); /* before the look, see ctx_post_work */
         atomic_store(&ctx->pt_long_sleep, true);
         /* three ways to sleep: while a waiter spins it does our work, so
