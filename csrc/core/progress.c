@@ -169,7 +169,7 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t 
 
 static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
     waiter_enter(ctx);
-    uint64_t last = now_ns();
+    uint64_t last = 0; /* the clock at the last news: read once a turn needs it */
     bool ok = false, timed_out = false;
     for (;;) {
         if (done(arg)) { ok = true; break; }
@@ -182,7 +182,7 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         if (did && done(arg)) { ok = true; break; }
         /* one clock read a turn: it costs as much as a pause (~50 ns) */
         uint64_t t = now_ns();
-        if (did) last = t;
+        if (did || !last) last = t;
         if (t >= deadline || atomic_load(&ctx->closed)) { timed_out = true; break; }
         if (t - last > WAIT_SPIN_NS) break;
         /* past a short spin, let whoever else wants this core run: on an
