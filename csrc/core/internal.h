@@ -426,6 +426,7 @@ struct slime_ctx {
     _Atomic int users;          /* threads inside ctx_wait_until */
     _Atomic int spinners;
     _Atomic bool waiters_polling; /* waiters count in mr_table->polling */
+    _Atomic unsigned waits;     /* waits begun (progress.c: waiters_came) */
     _Atomic bool pt_asleep;     /* the progress thread sleeps in epoll */
     _Atomic bool pt_long_sleep; /* ...and not for a short while only */
     bool midway;                /* under lock: a peer's write is half in */

@@ -98,6 +98,7 @@ static bool busy_locked(slime_ctx_t *ctx) {
  * peers skip doorbells for a grace period, and only its nap covers it. */
 static void waiter_enter(slime_ctx_t *ctx) {
     atomic_fetch_add(&ctx->spinners, 1);
+    atomic_fetch_add_explicit(&ctx->waits, 1, memory_order_relaxed);
     if (!atomic_load_explicit(&ctx->waiters_polling, memory_order_relaxed) &&
         !atomic_exchange(&ctx->waiters_polling, true))
         atomic_fetch_add(&ctx->mr_table->polling, 1);
@@ -110,7 +111,17 @@ static void waiter_leave(slime_ctx_t *ctx, bool sleeping) {
     atomic_fetch_sub(&ctx->spinners, 1);
 }
 
-/* The progress thread, about to sleep: the waiters' count goes too when
+/* The progress thread, about to sleep: did a waiter start since it last
+ * looked?  While waiters come and go it naps instead of sleeping long,
+ * or each of them would kick it (a wake-up per small operation). */
+static bool waiters_came(slime_ctx_t *ctx, unsigned *seen) {
+    unsigned w = atomic_load_explicit(&ctx->waits, memory_order_relaxed);
+    bool came = w != *seen;
+    *seen = w;
+    return came;
+}
+
+/* The progress thread, about to sleep long: the waiters' count goes too when
  * none of them spins (a waiter that starts meanwhile and finds it still
  * set spins uncounted, which costs at most a peer's doorbell). */
 static void waiters_unpoll(slime_ctx_t *ctx) {
@@ -223,6 +234,7 @@ void *progress_thread_main(void *arg) {
     slime_ctx_t *ctx = arg;
     atomic_fetch_add(&ctx->mr_table->polling, 1);
     uint64_t idle_since = now_ns();
+    unsigned seen_waits = 0;
     while (!atomic_load(&ctx->stop)) {
         pthread_mutex_lock(&ctx->lock);
         int did = progress_locked(ctx);
@@ -242,17 +254,19 @@ void *progress_thread_main(void *arg) {
             continue;
         }
         atomic_fetch_sub(&ctx->mr_table->polling, 1);
-        waiters_unpoll(ctx); /* before the look (busy_locked), as our own count */
         atomic_store(&ctx->pt_asleep, true); /* before the look, see ctx_post_work */
         atomic_store(&ctx->pt_long_sleep, true);
         /* three ways to sleep: while a waiter spins it does our work, so
          * stay out of its way (it kicks us when it stops spinning); during
-         * the grace after one left, peers send no doorbells, so nap; else
-         * sleep until an fd or a doorbell says there is work (a waiter
-         * that starts meanwhile sees pt_long_sleep and kicks us) */
+         * the grace after one left, or while waiters come and go, peers
+         * send no doorbells, so nap; else sleep until an fd or a doorbell
+         * says there is work (a waiter that starts meanwhile sees
+         * pt_long_sleep and kicks us) */
         bool spinner = atomic_load(&ctx->spinners) > 0;
-        bool grace = !spinner && now_ns() <= atomic_load(&ctx->mr_table->grace_until);
+        bool grace = !spinner && (waiters_came(ctx, &seen_waits) ||
+                                  now_ns() <= atomic_load(&ctx->mr_table->grace_until));
         if (spinner || grace) atomic_store(&ctx->pt_long_sleep, false);
+        else waiters_unpoll(ctx); /* before the look (busy_locked), as our own count */
         pthread_mutex_lock(&ctx->lock);
         bool busy = busy_locked(ctx);
         int timeout = live_sleep_ms(ctx, list_empty(&ctx->pending_conns) && !ctx->n_resting ? LONG_SLEEP_MS : 100);
