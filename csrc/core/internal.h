@@ -192,7 +192,10 @@ typedef struct rx_ctx {
     uint64_t pinned;            /* WRITE sink: MR handle + 1 */
     slime_status_t status;      /* WRITE/READ/TEXT outcome */
     char text[WIRE_ERRTEXT_MAX];
-    bool paused;                /* waiting for unexpected-buffer room */
+    bool paused;                /* waiting for unexpected-buffer room, or parked */
+    /* paused with an eager payload left in the transport (rx_beyond)
+     * until its receive is posted or more arrives behind it */
+    bool parked;
     /* a combining receive: the bytes of an element split between two
      * reads, until the element is whole (got % esize of them) */
     _Alignas(16) uint8_t carry[16];
@@ -447,6 +450,7 @@ struct slime_ctx {
     uint64_t live_last_ns, live_next_ns;
     bool live_armed;            /* an endpoint waits on its peer */
     _Atomic uint64_t live_pings; /* SLIME_COUNTER_PEER_PINGS */
+    _Atomic uint64_t unexp_copies; /* SLIME_COUNTER_UNEXPECTED_COPIES */
 };
 
 /* team.c: splits a chunked job between the calling thread and the

@@ -101,6 +101,10 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
         }
         list_push_back(&ctx->posted, &req->qlink);
         if (ep) list_push_back(&ep->pending, &req->eplink);
+        /* its message may sit parked in the transport: take it now, or
+         * (any peer's) have the progress thread look */
+        if (ep && ep->rx.parked) frames_rx(ep);
+        else if (!ep) ctx_post_work(ctx);
         return;
     default:
         req->buf = (uint8_t *)op->local->addr + op->local_off;

@@ -19,6 +19,9 @@
  * 256 KiB 20 -> 13 us).  Larger ones return at once and the progress
  * thread copies them, so the caller can overlap its own work. */
 #define RMA_INLINE_MAX (2u << 20)
+/* Eager payloads below this are copied out at once: a small copy costs
+ * less than a progress pass's look at the parked frame. */
+#define PARK_MIN 4096u
 
 void umsg_free(slime_ctx_t *ctx, umsg_t *m) {
     list_del(&m->link);
@@ -220,6 +223,15 @@ static bool on_eager(slime_ep_t *ep, const frame_t *h) {
         rx->dst = r->buf;
         return true;
     }
+    /* Left in a polled transport until its receive is posted, a payload
+     * is copied once, straight out; read now, it would be copied into a
+     * buffer of ours and out again (the receiver that comes late to a
+     * collective).  Only while nothing waits behind it: a later message
+     * may be the one a receive waits for. */
+    if (h->len >= PARK_MIN && ep->tp->rx_beyond && !ep->tp->rx_beyond(ep, rx->left)) {
+        rx->paused = rx->parked = true;
+        return true;
+    }
     if (ctx->unexp_bytes && ctx->unexp_bytes + h->len > ctx->unexp_cap) { rx->paused = true; return true; }
     umsg_t *m = calloc(1, sizeof *m);
     void *data = h->len ? malloc(h->len) : NULL;
@@ -241,6 +253,7 @@ static bool on_eager(slime_ep_t *ep, const frame_t *h) {
     m->data = data;
     list_init(&m->link);
     ctx->unexp_bytes += h->len;
+    atomic_fetch_add_explicit(&ctx->unexp_copies, 1, memory_order_relaxed);
     rx->sink = SINK_UNEXP;
     rx->umsg = m;
     rx->dst = data;
@@ -417,7 +430,7 @@ static bool (*const on_frame[F_TYPE_MAX])(slime_ep_t *ep, const frame_t *h) = {
 void proto_on_header(slime_ep_t *ep) {
     rx_ctx_t *rx = &ep->rx;
     const frame_t *h = &rx->hdr;
-    rx->paused = false;
+    rx->paused = rx->parked = false;
     rx->sink = SINK_DISCARD;
     if (h->type < F_TYPE_MAX && on_frame[h->type] && on_frame[h->type](ep, h)) return;
     ep_fail(ep, SLIME_ERR_PROTOCOL, "peer sent a malformed frame (type %u, %" PRIu64 " bytes)", h->type, h->len);

@@ -445,7 +445,8 @@ static PyMethodDef context_methods[] = {
     {"counter", (PyCFunction)context_counter, METH_O,
      "counter(which) -> the context's count (COUNTER_*: registrations of "
      "send/recv buffers, and those reused; pings to silent peers; tcp "
-     "rendezvous fetched by CMA)"},
+     "rendezvous fetched by CMA; eager messages copied because they came "
+     "before their receive)"},
     {"connect", (PyCFunction)(void (*)(void))context_connect,
      METH_VARARGS | METH_KEYWORDS,
      "connect(addr, timeout_ms=30000) -> Endpoint to the peer of that "

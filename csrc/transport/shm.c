@@ -161,6 +161,7 @@ const transport_ops_t slime_shm_transport = {
     .read = shm_read,
     .writev = shm_writev,
     .rx_ready = shm_rx_ready,
+    .rx_beyond = shm_rx_beyond,
     .fd_event = shm_fd_event,
     .rma = shm_rma,
     .close = shm_close,

@@ -53,6 +53,7 @@ typedef struct shm_conn {
     bool cma;
     size_t cma_max;                           /* larger unmapped ops go by the rings */
     peermap_t *map;                           /* the peer's shared blocks mapped here */
+    bool hung_up;                             /* its socket said so; the ring may still hold bytes */
 } shm_conn_t;
 
 /* shm.c */
@@ -86,6 +87,7 @@ ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n);
 size_t shm_rx_peek(slime_ep_t *ep, size_t n, const uint8_t **at);
 void shm_rx_consume(slime_ep_t *ep, size_t k);
 bool shm_rx_ready(slime_ep_t *ep);
+bool shm_rx_beyond(slime_ep_t *ep, size_t n);
 bool shm_has_work(slime_ep_t *ep);
 void shm_fd_event(slime_ep_t *ep, uint32_t events);
 /* memcpy with non-temporal stores (past the cache). */

@@ -167,22 +167,34 @@ void shm_rx_consume(slime_ep_t *ep, size_t k) {
     rx_release(c, atomic_load_explicit(&c->rx->head, memory_order_relaxed) + k);
 }
 
-static bool rx_pending(shm_conn_t *c) {
-    return atomic_load_explicit(&c->rx->tail, memory_order_acquire) !=
+/* Unchecked: a count no writer leaves only makes us read, and the read
+ * (rx_waiting) fails the connection. */
+static uint64_t rx_count(shm_conn_t *c) {
+    return atomic_load_explicit(&c->rx->tail, memory_order_acquire) -
            atomic_load_explicit(&c->rx->head, memory_order_relaxed);
+}
+
+static bool rx_pending(shm_conn_t *c) { return rx_count(c) != 0; }
+
+bool shm_rx_beyond(slime_ep_t *ep, size_t n) {
+    shm_conn_t *c = ep->conn;
+    return c->hung_up || rx_count(c) > n;
+}
+
+/* A parked payload is no work until something arrives behind it. */
+bool shm_rx_ready(slime_ep_t *ep) {
+    return ep->rx.parked ? shm_rx_beyond(ep, ep->rx.left) : rx_pending(ep->conn);
 }
 
 bool shm_has_work(slime_ep_t *ep) {
     shm_conn_t *c = ep->conn;
     if (!c) return false;
-    if (rx_pending(c)) return true;
+    if (shm_rx_ready(ep)) return true;
     /* queued frames and room for them: nobody would ring us for that */
     uint64_t used = atomic_load_explicit(&c->tx->tail, memory_order_relaxed) -
                     atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
     return !list_empty(&ep->txq) && used < c->size;
 }
-
-bool shm_rx_ready(slime_ep_t *ep) { return rx_pending(ep->conn); }
 
 void shm_fd_event(slime_ep_t *ep, uint32_t events) {
     shm_conn_t *c = ep->conn;
@@ -191,8 +203,10 @@ void shm_fd_event(slime_ep_t *ep, uint32_t events) {
     while ((r = recv(c->sock, buf, sizeof buf, MSG_DONTWAIT)) > 0) {
     }
     if (r == 0 || (events & (EPOLLHUP | EPOLLERR))) {
-        /* what the peer wrote before it died is still worth reading */
-        if (!rx_pending(c) || ep->rx.paused)
+        /* what the peer wrote before it died is still worth reading: a
+         * parked payload too, which rx_beyond now has drained */
+        c->hung_up = true;
+        if (!rx_pending(c) || (ep->rx.paused && !ep->rx.parked))
             ep_fail(ep, SLIME_ERR_PEER_LOST, "peer process exited (shm connection hung up)");
     }
 }

@@ -116,6 +116,10 @@ typedef struct transport_ops {
     /* A request waits on the peer's progress engine in a way the core
      * does not see (for liveness: ping the peer, fail it when silent). */
     bool (*waits_on_peer)(slime_ep_t *ep);
+    /* True when more than n bytes wait, or the peer hung up: an eager
+     * payload of n bytes may then stay where it is (rx.parked) until its
+     * receive is posted, for as long as nothing waits behind it. */
+    bool (*rx_beyond)(slime_ep_t *ep, size_t n);
     /* rma takes every request whole at once and completes it itself. */
     bool rma_async;
     /* The fd the core watches for an accepted conn, when it is not the

@@ -161,6 +161,10 @@ typedef enum slime_counter {
      * sender's memory (CMA), with a peer of this host in another network
      * namespace (DLSLIME_TCP_CMA) */
     SLIME_COUNTER_TCP_CMA_FETCHES = 3,
+    /* eager messages that came before their receive and were copied into
+     * a buffer of the context's, to be copied again when it is posted
+     * (over shm one waits in the ring instead while nothing is behind it) */
+    SLIME_COUNTER_UNEXPECTED_COPIES = 4,
 } slime_counter_t;
 /* The counter's value; 0 for an unknown counter. */
 SLIME_API uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which);

@@ -1,0 +1,144 @@
+/*
+ * test_unexpected.c - eager messages that arrive before their receive.
+ *
+ * Over shm such a message waits where it is, in the ring (parked), while
+ * nothing arrives behind it, and is copied once when its receive comes;
+ * elsewhere, and once something arrives behind it, it is copied into a
+ * buffer of the context's first.  SLIME_COUNTER_UNEXPECTED_COPIES tells
+ * the two apart, so each case checks which path ran as well as the bytes.
+ */
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define LEN (64 * H_KIB) /* eager on every transport, above the park floor */
+#define SETTLE_MS 30     /* for the message to reach the receiver first */
+
+static bool parks(void)
+{
+    return strcmp(h_transport(), "shm") == 0;
+}
+
+static uint64_t copies(slime_ctx_t *ctx)
+{
+    return slime_ctx_counter(ctx, SLIME_COUNTER_UNEXPECTED_COPIES);
+}
+
+static void send_one(slime_ep_t *ep, uint64_t tag)
+{
+    uint8_t *buf = h_alloc(LEN);
+    h_fill(buf, LEN, tag, 0);
+    slime_req_t *req = NULL;
+    H_CHECK_OK(slime_send(ep, buf, LEN, tag, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    free(buf);
+}
+
+/* Receives tag from ep (any peer when ep is NULL) and checks its bytes. */
+static void recv_one(slime_ctx_t *ctx, slime_ep_t *ep, uint64_t tag)
+{
+    uint8_t *buf = h_alloc(LEN);
+    slime_req_t *req = NULL;
+    if (ep)
+        H_CHECK_OK(slime_recv(ep, buf, LEN, tag, &req));
+    else
+        H_CHECK_OK(slime_recv_any(ctx, buf, LEN, tag, &req));
+    H_WAIT(req, SLIME_OK);
+    H_CHECK_EQ(slime_req_bytes(req), (size_t)LEN);
+    slime_req_free(req);
+    H_CHECK_PATTERN(buf, LEN, tag, 0);
+    free(buf);
+}
+
+/* Rank 0's messages are all out before rank 1 posts; rank 1 gets its
+ * count of copies from before they came. */
+static uint64_t sent_before(h_rank_t *r, const uint64_t *tags, int n)
+{
+    const int peer = h_peer(r);
+    if (r->rank == 0) {
+        (void)h_ctl_recv_u64(r, peer);
+        for (int i = 0; i < n; i++)
+            send_one(r->ep[peer], tags[i]);
+        h_ctl_send_u64(r, peer, 1);
+        return 0;
+    }
+    uint64_t before = copies(r->ctx);
+    h_ctl_send_u64(r, peer, 1);
+    (void)h_ctl_recv_u64(r, peer);
+    h_sleep_ms(SETTLE_MS);
+    return before;
+}
+
+static void case_received_late(h_rank_t *r)
+{
+    const uint64_t tag = 11;
+    uint64_t before = sent_before(r, &tag, 1);
+    if (r->rank == 1) {
+        recv_one(r->ctx, r->ep[h_peer(r)], tag);
+        H_CHECK_EQ(copies(r->ctx) - before, (uint64_t)(parks() ? 0 : 1));
+    }
+    h_barrier(r);
+}
+
+/* A receive from any peer finds a parked message too. */
+static void case_received_late_from_any(h_rank_t *r)
+{
+    const uint64_t tag = 12;
+    uint64_t before = sent_before(r, &tag, 1);
+    if (r->rank == 1) {
+        recv_one(r->ctx, NULL, tag);
+        H_CHECK_EQ(copies(r->ctx) - before, (uint64_t)(parks() ? 0 : 1));
+    }
+    h_barrier(r);
+}
+
+/* The second message is received first: the first cannot stay in its
+ * way, it is copied out when the second comes behind it. */
+static void case_later_message_first(h_rank_t *r)
+{
+    const uint64_t tags[2] = {21, 22};
+    uint64_t before = sent_before(r, tags, 2);
+    if (r->rank == 1) {
+        recv_one(r->ctx, r->ep[h_peer(r)], tags[1]);
+        recv_one(r->ctx, r->ep[h_peer(r)], tags[0]);
+        H_CHECK_EQ(copies(r->ctx) - before, (uint64_t)(parks() ? 1 : 2));
+    }
+    h_barrier(r);
+}
+
+/* A message the sender left parked before it exited is still received. */
+static void case_sender_gone(h_rank_t *r)
+{
+    const uint64_t tag = 31;
+    uint8_t blob[SLIME_ADDRESS_MAX];
+    slime_ctx_t *ctx = h_ctx_create(NULL);
+    if (r->rank == 0) {
+        size_t len = h_ctx_address(ctx, blob);
+        h_ctl_send(r, 1, blob, len);
+        slime_ep_t *ep = NULL;
+        H_CHECK_OK(slime_ep_accept(ctx, H_WAIT_MS, &ep));
+        send_one(ep, tag);
+        slime_ctx_destroy(ctx);
+        h_ctl_send_u64(r, 1, 1);
+        return;
+    }
+    size_t len = h_ctl_recv(r, 0, blob, sizeof blob);
+    slime_ep_t *ep = NULL;
+    H_CHECK_OK(slime_ep_connect(ctx, blob, len, H_WAIT_MS, &ep));
+    (void)h_ctl_recv_u64(r, 0);
+    h_sleep_ms(SETTLE_MS);
+    recv_one(ctx, ep, tag);
+    slime_ctx_destroy(ctx);
+}
+
+int main(int argc, char **argv)
+{
+    static const h_case_t cases[] = {
+        {"received_late", case_received_late, 2, false, 0},
+        {"received_late_from_any", case_received_late_from_any, 2, false, 0},
+        {"later_message_first", case_later_message_first, 2, false, 0},
+        {"sender_gone", case_sender_gone, 2, true, 0},
+    };
+    return h_main("test_unexpected", cases, sizeof cases / sizeof cases[0], argc, argv);
+}
