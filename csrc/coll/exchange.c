@@ -198,10 +198,12 @@ static bool check_failures(coll_run_t *r, const int *h, size_t n) {
     xfer_t *x = first_failed(r, h, n);
     slime_status_t told = abort_received(r->comm, text, sizeof text);
     /* A member that gives up tells us why, then cancels our messages to
-     * it: with its notice in, the cancel is the effect and the notice the
-     * cause (the same connection delivered both, in that order). */
-    if (x && !(told != SLIME_OK && p2p_req_state(x->req) == SLIME_ERR_CANCELED))
-        return fail_at(r, p2p_req_state(x->req), x, "%s", slime_req_error(x->req));
+     * it, or exits: with its notice in, the cancel or the hang-up is the
+     * effect and the notice the cause (the same connection delivered
+     * both, in that order). */
+    slime_status_t st = x ? p2p_req_state(x->req) : SLIME_OK;
+    bool effect = told != SLIME_OK && (st == SLIME_ERR_CANCELED || st == SLIME_ERR_PEER_LOST);
+    if (x && !effect) return fail_at(r, st, x, "%s", slime_req_error(x->req));
     if (atomic_load(&r->comm->closing))
         return run_fail(r, SLIME_ERR_CLOSED, "%s: communicator destroyed while the collective ran", r->phase);
     if (told != SLIME_OK) return run_fail(r, told, "%s: %s", r->phase, text);
