@@ -13,7 +13,6 @@
 #include <string.h>
 
 #define LEN (64 * H_KIB) /* eager on every transport, above the park floor */
-#define SETTLE_MS 30     /* for the message to reach the receiver first */
 
 static bool parks(void)
 {
@@ -52,7 +51,9 @@ static void recv_one(slime_ctx_t *ctx, slime_ep_t *ep, uint64_t tag)
 }
 
 /* Rank 0's messages are all out before rank 1 posts; rank 1 gets its
- * count of copies from before they came. */
+ * count of copies from before they came.  Over shm a completed eager
+ * send is in the ring already; elsewhere rank 1 waits for each to come
+ * in, as its copy (in the soft-RoCE VM that takes a while). */
 static uint64_t sent_before(h_rank_t *r, const uint64_t *tags, int n)
 {
     const int peer = h_peer(r);
@@ -66,7 +67,12 @@ static uint64_t sent_before(h_rank_t *r, const uint64_t *tags, int n)
     uint64_t before = copies(r->ctx);
     h_ctl_send_u64(r, peer, 1);
     (void)h_ctl_recv_u64(r, peer);
-    h_sleep_ms(SETTLE_MS);
+    const int64_t start = h_now_ms();
+    while (!parks() && copies(r->ctx) - before < (uint64_t)n) {
+        if (h_now_ms() - start > H_WAIT_MS)
+            h_fail(__FILE__, __LINE__, "%d eager messages not in after %d ms", n, H_WAIT_MS);
+        h_sleep_ms(1);
+    }
     return before;
 }
 
@@ -107,7 +113,8 @@ static void case_later_message_first(h_rank_t *r)
     h_barrier(r);
 }
 
-/* A message the sender left parked before it exited is still received. */
+/* A message the sender left parked before it exited is still received,
+ * after its endpoint went down. */
 static void case_sender_gone(h_rank_t *r)
 {
     const uint64_t tag = 31;
@@ -127,7 +134,13 @@ static void case_sender_gone(h_rank_t *r)
     slime_ep_t *ep = NULL;
     H_CHECK_OK(slime_ep_connect(ctx, blob, len, H_WAIT_MS, &ep));
     (void)h_ctl_recv_u64(r, 0);
-    h_sleep_ms(SETTLE_MS);
+    /* the hang-up is seen first (the endpoint goes down), then the receive */
+    const int64_t start = h_now_ms();
+    while (slime_ep_status(ep) == SLIME_OK) {
+        if (h_now_ms() - start > H_WAIT_MS)
+            h_fail(__FILE__, __LINE__, "the sender's exit not seen in %d ms", H_WAIT_MS);
+        h_sleep_ms(1);
+    }
     recv_one(ctx, ep, tag);
     slime_ctx_destroy(ctx);
 }
