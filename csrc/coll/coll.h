@@ -44,7 +44,6 @@ typedef struct abort_msg {
 } abort_msg_t;
 
 struct coll_op;
-struct xfer;
 
 struct slime_comm {
     slime_ctx_t *ctx;
@@ -81,8 +80,6 @@ struct slime_comm {
     void *rma_scratch;
     size_t rma_scratch_cap;
     slime_mr_t *rma_scratch_mr;
-    struct xfer *xfers;             /* the last run's slot array, for the next to reuse */
-    size_t xfers_cap;
 };
 
 /* One queued collective: its arguments, copied at post time. */

@@ -107,7 +107,6 @@ void slime_comm_destroy(slime_comm_t *comm) {
     if (comm->rma_scratch_mr) slime_mr_dereg(comm->rma_scratch_mr);
     free(comm->rma_scratch);
     free(comm->scratch);
-    free(comm->xfers);
     free(comm->abort_sends);
     free(comm->peers);
     pthread_cond_destroy(&comm->cv);

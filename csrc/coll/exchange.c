@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "coll/coll.h"
 
@@ -13,8 +14,7 @@
 #define RELEASE_GRACE_MS 500
 
 void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op) {
-    /* field by field: of the 1 KiB detail text a run needs only the
-     * terminator, and a small collective paid for zeroing all of it */
+    memset(r, 0, sizeof *r);
     r->comm = comm;
     r->op = op;
     r->timeout_ms = atomic_load(&comm->timeout_ms);
@@ -25,14 +25,6 @@ void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op) {
                          : t + (uint64_t)r->timeout_ms * 1000000ull;
     r->phase = op->name;
     r->status = SLIME_OK;
-    r->detail[0] = '\0';
-    r->nx = 0;
-    /* one collective runs at a time: it takes the last one's slots (a
-     * small collective would otherwise allocate and free them each time) */
-    r->x = comm->xfers;
-    r->cap = comm->xfers_cap;
-    comm->xfers = NULL;
-    comm->xfers_cap = 0;
 }
 
 static bool vfail(coll_run_t *r, slime_status_t st, const char *fmt, va_list ap) {
@@ -288,11 +280,7 @@ void run_release(coll_run_t *r) {
         p2p_wait_until(r->comm->ctx, all_done_pred, r, now_ns() + (uint64_t)RELEASE_GRACE_MS * 1000000ull);
     for (size_t i = 0; i < r->nx; i++)
         if (r->x[i].req) slime_req_free(r->x[i].req); /* detaches what is still pending */
-    if (r->x) { /* kept for the next run (run_init); a second release has none */
-        free(r->comm->xfers);
-        r->comm->xfers = r->x;
-        r->comm->xfers_cap = r->cap;
-    }
+    free(r->x);
     r->x = NULL;
     r->nx = r->cap = 0;
 }

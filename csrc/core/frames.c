@@ -91,39 +91,6 @@ int frames_flush(slime_ep_t *ep) {
     return moved > 0;
 }
 
-/* With nothing queued before it, a frame is written at once, and one the
- * transport takes whole never becomes a txn (for a small send: its
- * allocation, queueing and a flush's walk of the queue); the rest is
- * queued from where the transport stopped.  req, if any, completes once
- * the frame is out; the caller keeps it in ep->pending, so an endpoint
- * that fails on the write fails it too. */
-void frames_send(slime_ep_t *ep, const frame_t *hdr, const void *payload, slime_req_t *req) {
-    size_t sent = 0;
-    if (ep->state == EP_UP && list_empty(&ep->txq)) {
-        struct iovec iov[2] = {{(void *)hdr, sizeof *hdr}, {(void *)payload, hdr->len}};
-        ssize_t w = ep->tp->writev(ep, iov, hdr->len ? 2 : 1);
-        if (w < 0) return;
-        sent = (size_t)w;
-        if (sent == sizeof *hdr + hdr->len) {
-            if (req) req_complete(req, SLIME_OK, NULL);
-            return;
-        }
-    }
-    txn_t *t = txn_new(hdr->type, 0);
-    if (!t) {
-        /* half a frame on the stream cannot be taken back */
-        if (sent) ep_fail(ep, SLIME_ERR_NOMEM, "out of memory queueing a frame");
-        else if (req) req_complete(req, SLIME_ERR_NOMEM, "out of memory queueing a frame");
-        return;
-    }
-    t->hdr = *hdr;
-    t->payload = payload;
-    t->sent = sent;
-    t->req = req;
-    frames_queue(ep, t);
-    frames_flush(ep);
-}
-
 static void rx_reset(rx_ctx_t *rx) {
     rx->state = RX_HDR;
     rx->hdr_got = 0;

@@ -121,8 +121,7 @@ typedef struct mr_entry {
 
 typedef struct mr_shared {
     uint64_t magic;
-    /* threads of this context polling its rings right now (waiters count
-     * as one, until the progress thread sleeps: progress.c); a peer that
+    /* threads of this context polling its rings right now; a peer that
      * writes to a ring rings the doorbell only when this is 0 */
     _Atomic int32_t polling;
     uint32_t pad;
@@ -309,7 +308,6 @@ bool ep_has_cap(const slime_ep_t *ep, unsigned caps);
 void frames_queue(slime_ep_t *ep, txn_t *t);
 txn_t *txn_new(uint8_t type, size_t textlen);
 int frames_flush(slime_ep_t *ep);   /* >0 if it moved bytes */
-void frames_send(slime_ep_t *ep, const frame_t *hdr, const void *payload, slime_req_t *req);
 int frames_rx(slime_ep_t *ep);      /* >0 if it moved bytes */
 /* proto.c */
 void proto_on_header(slime_ep_t *ep);
@@ -428,8 +426,6 @@ struct slime_ctx {
     _Atomic bool closed;        /* destroy failed every request: waiters leave */
     _Atomic int users;          /* threads inside ctx_wait_until */
     _Atomic int spinners;
-    _Atomic bool waiters_polling; /* waiters count in mr_table->polling */
-    _Atomic unsigned waits;     /* waits begun (progress.c: waiters_came) */
     _Atomic bool pt_asleep;     /* the progress thread sleeps in epoll */
     _Atomic bool pt_long_sleep; /* ...and not for a short while only */
     bool midway;                /* under lock: a peer's write is half in */

@@ -71,22 +71,23 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
     req->len = op->len;
     switch (op->kind) {
     case SLIME_OP_SEND: {
-        if (op->len <= ep->eager) {
-            frame_t h = {.type = F_EAGER, .a = op->tag, .len = op->len};
-            list_push_back(&ep->pending, &req->eplink);
-            frames_send(ep, &h, op->buf, req);
-            return;
-        }
-        txn_t *t = txn_new(F_RTS, 0);
-        if (!t || !req_id_assign(ctx, req)) {
+        size_t eager = ep->eager;
+        txn_t *t = txn_new(op->len <= eager ? F_EAGER : F_RTS, 0);
+        if (!t || (op->len > eager && !req_id_assign(ctx, req))) {
             free(t);
             req_complete(req, SLIME_ERR_NOMEM, "out of memory posting a send");
             return;
         }
         t->hdr.a = op->tag;
-        t->hdr.b = req->id;
-        t->hdr.c = op->len;
-        if (ep->tp->rndv_offer) ep->tp->rndv_offer(ep, req, &t->hdr);
+        if (t->hdr.type == F_EAGER) {
+            t->hdr.len = op->len;
+            t->payload = op->buf;
+            t->req = req;
+        } else {
+            t->hdr.b = req->id;
+            t->hdr.c = op->len;
+            if (ep->tp->rndv_offer) ep->tp->rndv_offer(ep, req, &t->hdr);
+        }
         list_push_back(&ep->pending, &req->eplink);
         frames_queue(ep, t);
         frames_flush(ep);

@@ -89,44 +89,19 @@ static bool busy_locked(slime_ctx_t *ctx) {
     return false;
 }
 
-/* A waiter starts polling.  Waiters count in our shared `polling` from
- * the first one's spin until the progress thread next goes to sleep with
- * none spinning, not wait by wait: every peer's writer reads that line on
- * every ring write, so a count per wait cost each small message a
- * cross-core miss on the way in and one on the way out.  A progress
- * thread in a long sleep must switch to naps: once the waiters leave,
- * peers skip doorbells for a grace period, and only its nap covers it. */
+/* A waiter starts polling.  A progress thread in a long sleep must
+ * switch to naps: once this waiter leaves, peers skip doorbells for a
+ * grace period, and only the progress thread's nap covers it. */
 static void waiter_enter(slime_ctx_t *ctx) {
+    atomic_fetch_add(&ctx->mr_table->polling, 1);
     atomic_fetch_add(&ctx->spinners, 1);
-    atomic_fetch_add_explicit(&ctx->waits, 1, memory_order_relaxed);
-    if (!atomic_load_explicit(&ctx->waiters_polling, memory_order_relaxed) &&
-        !atomic_exchange(&ctx->waiters_polling, true))
-        atomic_fetch_add(&ctx->mr_table->polling, 1);
     if (atomic_load(&ctx->pt_long_sleep)) ctx_kick(ctx);
 }
 
-/* sleeping: the waiter goes on waiting asleep (a short spin is over) */
-static void waiter_leave(slime_ctx_t *ctx, bool sleeping) {
-    if (sleeping) atomic_store(&ctx->mr_table->grace_until, now_ns() + GRACE_NS);
+static void waiter_leave(slime_ctx_t *ctx) {
+    atomic_store(&ctx->mr_table->grace_until, now_ns() + GRACE_NS);
     atomic_fetch_sub(&ctx->spinners, 1);
-}
-
-/* The progress thread, about to sleep: did a waiter start since it last
- * looked?  While waiters come and go it naps instead of sleeping long,
- * or each of them would kick it (a wake-up per small operation). */
-static bool waiters_came(slime_ctx_t *ctx, unsigned *seen) {
-    unsigned w = atomic_load_explicit(&ctx->waits, memory_order_relaxed);
-    bool came = w != *seen;
-    *seen = w;
-    return came;
-}
-
-/* The progress thread, about to sleep long: the waiters' count goes too when
- * none of them spins (a waiter that starts meanwhile and finds it still
- * set spins uncounted, which costs at most a peer's doorbell). */
-static void waiters_unpoll(slime_ctx_t *ctx) {
-    if (atomic_load(&ctx->spinners) == 0 && atomic_exchange(&ctx->waiters_polling, false))
-        atomic_fetch_sub(&ctx->mr_table->polling, 1);
+    atomic_fetch_sub(&ctx->mr_table->polling, 1);
 }
 
 void ctx_post_work(slime_ctx_t *ctx) {
@@ -180,7 +155,7 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t 
 
 static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
     waiter_enter(ctx);
-    uint64_t last = 0; /* the clock at the last news: read once a turn needs it */
+    uint64_t last = now_ns();
     bool ok = false, timed_out = false;
     for (;;) {
         if (done(arg)) { ok = true; break; }
@@ -189,11 +164,9 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         pthread_mutex_lock(&ctx->lock);
         int did = progress_locked(ctx);
         pthread_mutex_unlock(&ctx->lock);
-        /* what this turn completed is seen before the clock is read */
-        if (did && done(arg)) { ok = true; break; }
         /* one clock read a turn: it costs as much as a pause (~50 ns) */
         uint64_t t = now_ns();
-        if (did || !last) last = t;
+        if (did) last = t;
         if (t >= deadline || atomic_load(&ctx->closed)) { timed_out = true; break; }
         if (t - last > WAIT_SPIN_NS) break;
         /* past a short spin, let whoever else wants this core run: on an
@@ -204,7 +177,7 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         if (t - last > YIELD_AFTER_NS) sched_yield();
         else cpu_relax();
     }
-    waiter_leave(ctx, !ok && !timed_out);
+    waiter_leave(ctx);
     if (ok || timed_out) return ok || done(arg);
     /* we stop spinning but keep waiting: the progress thread takes over */
     if (atomic_load(&ctx->spinners) == 0) ctx_kick(ctx);
@@ -234,7 +207,6 @@ void *progress_thread_main(void *arg) {
     slime_ctx_t *ctx = arg;
     atomic_fetch_add(&ctx->mr_table->polling, 1);
     uint64_t idle_since = now_ns();
-    unsigned seen_waits = 0;
     while (!atomic_load(&ctx->stop)) {
         pthread_mutex_lock(&ctx->lock);
         int did = progress_locked(ctx);
@@ -258,15 +230,12 @@ void *progress_thread_main(void *arg) {
         atomic_store(&ctx->pt_long_sleep, true);
         /* three ways to sleep: while a waiter spins it does our work, so
          * stay out of its way (it kicks us when it stops spinning); during
-         * the grace after one left, or while waiters come and go, peers
-         * send no doorbells, so nap; else sleep until an fd or a doorbell
-         * says there is work (a waiter that starts meanwhile sees
-         * pt_long_sleep and kicks us) */
+         * the grace after one left, peers send no doorbells, so nap; else
+         * sleep until an fd or a doorbell says there is work (a waiter
+         * that starts meanwhile sees pt_long_sleep and kicks us) */
         bool spinner = atomic_load(&ctx->spinners) > 0;
-        bool grace = !spinner && (waiters_came(ctx, &seen_waits) ||
-                                  now_ns() <= atomic_load(&ctx->mr_table->grace_until));
+        bool grace = !spinner && now_ns() <= atomic_load(&ctx->mr_table->grace_until);
         if (spinner || grace) atomic_store(&ctx->pt_long_sleep, false);
-        else waiters_unpoll(ctx); /* before the look (busy_locked), as our own count */
         pthread_mutex_lock(&ctx->lock);
         bool busy = busy_locked(ctx);
         int timeout = live_sleep_ms(ctx, list_empty(&ctx->pending_conns) && !ctx->n_resting ? LONG_SLEEP_MS : 100);
