@@ -89,7 +89,8 @@ enum frame_type {
     F_EAGER = 1,     /* a = tag; payload = message */
     F_RTS = 2,       /* a = tag, b = send req id, c = message length;
                         FF_RDMA: d = sender's address, rkey = its verbs
-                        rkey (the receiver may fetch it by RDMA READ) */
+                        rkey (the receiver may fetch it by RDMA READ), or
+                        0 over tcp (fetched by CMA: tcp_cma.c) */
     F_CTS = 3,       /* a = send req id, b = recv req id, u32 = status */
     F_DATA = 4,      /* a = recv req id; payload = message */
     F_WRITE = 5,     /* a = handle, b = offset, c = initiator req id,
