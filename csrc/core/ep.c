@@ -99,6 +99,7 @@ void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...) {
         mr_own_release(ctx, ep->rx.pinned - 1);
         ep->rx.pinned = 0;
     }
+    proto_set_parked(ep, false); /* its payload went with the connection */
     if (ep->rx.sink == SINK_UNEXP && ep->rx.umsg && ep->rx.state == RX_PAYLOAD) {
         umsg_free(ctx, ep->rx.umsg); /* never made it to the queue */
         ep->rx.umsg = NULL;

@@ -101,7 +101,6 @@ static void rx_reset(rx_ctx_t *rx) {
     rx->umsg = NULL;
     rx->status = SLIME_OK;
     rx->text[0] = 0;
-    rx->parked = false;
 }
 
 static int rx_frames(slime_ep_t *ep);

@@ -200,6 +200,10 @@ typedef struct rx_ctx {
     _Alignas(16) uint8_t carry[16];
 } rx_ctx_t;
 
+/* We hold back from reading the peer (no unexpected-buffer room): its
+ * sender may wait on us.  A parked payload's sender waits on nothing. */
+static inline bool rx_held_back(const rx_ctx_t *rx) { return rx->paused && !rx->parked; }
+
 /* A message that arrived before its receive was posted. */
 typedef struct umsg {
     slime_list_t link;
@@ -312,6 +316,8 @@ int frames_rx(slime_ep_t *ep);      /* >0 if it moved bytes */
 /* proto.c */
 void proto_on_header(slime_ep_t *ep);
 void proto_on_payload(slime_ep_t *ep);
+/* rx.parked, counted in ctx->n_parked. */
+void proto_set_parked(slime_ep_t *ep, bool on);
 void proto_deliver_imm(slime_ep_t *ep, uint32_t imm);
 void proto_send_cts(slime_ep_t *ep, uint64_t sreq, slime_req_t *recv,
                     slime_status_t st);
@@ -446,6 +452,7 @@ struct slime_ctx {
     uint64_t live_last_ns, live_next_ns;
     bool live_armed;            /* an endpoint waits on its peer */
     _Atomic uint64_t live_pings; /* SLIME_COUNTER_PEER_PINGS */
+    int n_parked;               /* endpoints with rx.parked (proto_set_parked) */
     _Atomic uint64_t unexp_copies; /* SLIME_COUNTER_UNEXPECTED_COPIES */
 };
 

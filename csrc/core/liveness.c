@@ -102,7 +102,7 @@ static bool look(slime_ctx_t *ctx, slime_ep_t *ep, uint64_t now, bool late) {
     uint64_t silence = ctx->silence_ns;
     if (ep->state != EP_UP) return false;
     /* we hold back from reading the peer: say we are there all the same */
-    bool held_back = ep->rx.paused && !ep->rx.parked; /* a parked payload's sender waits on nothing */
+    bool held_back = rx_held_back(&ep->rx);
     if (held_back && now - ep->told_ns >= silence / PING_AFTER) {
         ep->told_ns = now;
         send_live_frame(ep, F_PONG);
@@ -155,7 +155,7 @@ int live_sleep_ms(slime_ctx_t *ctx, int ms) {
     for (pos = ctx->eps.next; pos != &ctx->eps && !soon; pos = pos->next) {
         slime_ep_t *ep = container_of(pos, slime_ep_t, link);
         soon = ep->state == EP_UP &&
-               (!list_empty(&ep->pending) || !list_empty(&ep->imm_waiters) || (ep->rx.paused && !ep->rx.parked));
+               (!list_empty(&ep->pending) || !list_empty(&ep->imm_waiters) || rx_held_back(&ep->rx));
     }
     if (!soon) return ms;
     uint64_t t = now_ns();

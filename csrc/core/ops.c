@@ -105,7 +105,7 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
         /* its message may sit parked in the transport: take it now, or
          * (any peer's) have the progress thread look */
         if (ep && ep->rx.parked) frames_rx(ep);
-        else if (!ep) ctx_post_work(ctx);
+        else if (!ep && ctx->n_parked) ctx_post_work(ctx);
         return;
     default:
         req->buf = (uint8_t *)op->local->addr + op->local_off;

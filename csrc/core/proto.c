@@ -229,7 +229,8 @@ static bool on_eager(slime_ep_t *ep, const frame_t *h) {
      * collective).  Only while nothing waits behind it: a later message
      * may be the one a receive waits for. */
     if (h->len >= PARK_MIN && ep->tp->rx_beyond && !ep->tp->rx_beyond(ep, rx->left)) {
-        rx->paused = rx->parked = true;
+        rx->paused = true;
+        proto_set_parked(ep, true);
         return true;
     }
     if (ctx->unexp_bytes && ctx->unexp_bytes + h->len > ctx->unexp_cap) { rx->paused = true; return true; }
@@ -427,10 +428,17 @@ static bool (*const on_frame[F_TYPE_MAX])(slime_ep_t *ep, const frame_t *h) = {
     [F_PONG] = live_on_pong,
 };
 
+void proto_set_parked(slime_ep_t *ep, bool on) {
+    if (ep->rx.parked == on) return;
+    ep->rx.parked = on;
+    ep->ctx->n_parked += on ? 1 : -1;
+}
+
 void proto_on_header(slime_ep_t *ep) {
     rx_ctx_t *rx = &ep->rx;
     const frame_t *h = &rx->hdr;
-    rx->paused = rx->parked = false;
+    rx->paused = false;
+    proto_set_parked(ep, false);
     rx->sink = SINK_DISCARD;
     if (h->type < F_TYPE_MAX && on_frame[h->type] && on_frame[h->type](ep, h)) return;
     ep_fail(ep, SLIME_ERR_PROTOCOL, "peer sent a malformed frame (type %u, %" PRIu64 " bytes)", h->type, h->len);

@@ -206,7 +206,7 @@ void shm_fd_event(slime_ep_t *ep, uint32_t events) {
         /* what the peer wrote before it died is still worth reading: a
          * parked payload too, which rx_beyond now has drained */
         c->hung_up = true;
-        if (!rx_pending(c) || (ep->rx.paused && !ep->rx.parked))
+        if (!rx_pending(c) || rx_held_back(&ep->rx))
             ep_fail(ep, SLIME_ERR_PEER_LOST, "peer process exited (shm connection hung up)");
     }
 }
