@@ -183,6 +183,7 @@ static void fail_everything(slime_ctx_t *ctx) {
 
 void slime_ctx_destroy(slime_ctx_t *ctx) {
     if (!ctx) return;
+    ep_linger(ctx, NULL);
     atomic_store(&ctx->stop, true);
     ctx_kick(ctx);
     pthread_join(ctx->thread, NULL);

@@ -283,9 +283,37 @@ slime_status_t slime_ep_status(const slime_ep_t *ep) {
     return s == EP_DOWN ? ep->down_status : SLIME_OK;
 }
 
+/* Under ctx->lock: what ep's transport took is all with the peer. */
+static bool ep_tx_settled(slime_ep_t *ep) {
+    return ep->state != EP_UP || !ep->tp->tx_unsent || !ep->tp->tx_unsent(ep);
+}
+
+static bool eps_tx_settled(slime_ctx_t *ctx, slime_ep_t *only) {
+    if (only) return ep_tx_settled(only);
+    for (slime_list_t *pos = ctx->eps.next; pos != &ctx->eps; pos = pos->next)
+        if (!ep_tx_settled(container_of(pos, slime_ep_t, link))) return false;
+    return true;
+}
+
+void ep_linger(slime_ctx_t *ctx, slime_ep_t *only) {
+    /* a peer that takes nothing in that long would be taken for dead */
+    const uint64_t deadline = now_ns() + (ctx->silence_ns ? ctx->silence_ns : 1000000000ull);
+    for (;;) {
+        pthread_mutex_lock(&ctx->lock);
+        progress_locked(ctx);
+        bool settled = eps_tx_settled(ctx, only);
+        pthread_mutex_unlock(&ctx->lock);
+        if (settled || now_ns() >= deadline) return;
+        usleep(100);
+    }
+}
+
 void slime_ep_close(slime_ep_t *ep) {
     if (!ep) return;
+    ep_ref(ep);
+    ep_linger(ep->ctx, ep);
     pthread_mutex_lock(&ep->ctx->lock);
     ep_fail(ep, SLIME_ERR_CLOSED, "endpoint closed by this side");
     pthread_mutex_unlock(&ep->ctx->lock);
+    ep_unref(ep);
 }

@@ -296,6 +296,11 @@ void ep_unref(slime_ep_t *ep);
 /* The context is going: drops its ref, so the last request naming ep
  * frees it. */
 void ep_orphan(slime_ep_t *ep);
+/* Before a close: gives what the transports took (sends that completed)
+ * up to the peer silence limit (DLSLIME_PEER_SILENCE_MS; a second where
+ * that is off) to reach the peers, as a socket's close does; only ep's,
+ * or every endpoint's when only is NULL.  Takes ctx->lock. */
+void ep_linger(slime_ctx_t *ctx, slime_ep_t *only);
 /* Under ctx->lock, from the progress pass only (no caller up the stack
  * holds ep): frees ep if nothing can reach it any more; whether it did. */
 bool ep_reap(slime_ep_t *ep);

@@ -120,6 +120,11 @@ typedef struct transport_ops {
      * payload of n bytes may then stay where it is (rx.parked) until its
      * receive is posted, for as long as nothing waits behind it. */
     bool (*rx_beyond)(slime_ep_t *ep, size_t n);
+    /* Bytes writev took (their sends completed) that may not be with the
+     * peer yet, and that close would drop: a socket's close still
+     * delivers them, a queue pair's does not.  Close waits a moment for
+     * them (ep_linger). */
+    bool (*tx_unsent)(slime_ep_t *ep);
     /* rma takes every request whole at once and completes it itself. */
     bool rma_async;
     /* The fd the core watches for an accepted conn, when it is not the

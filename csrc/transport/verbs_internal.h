@@ -242,6 +242,7 @@ ssize_t verbs_writev(slime_ep_t *ep, const struct iovec *iov, int n);
 bool verbs_rx_ready(slime_ep_t *ep);
 void verbs_fd_event(slime_ep_t *ep, uint32_t events);
 void verbs_close_ep(slime_ep_t *ep);
+bool verbs_tx_unsent(slime_ep_t *ep);
 /* Posts what waits for credits or queue room; false if the ep failed. */
 bool vconn_kick(slime_ep_t *ep);
 /* Queues a control message (verbs_rkeys.c builds them); false if the

@@ -385,6 +385,11 @@ void verbs_fd_event(slime_ep_t *ep, uint32_t events) {
         ep_fail(ep, SLIME_ERR_PEER_LOST, "peer closed the connection (its verbs liveness socket hung up)");
 }
 
+bool verbs_tx_unsent(slime_ep_t *ep) {
+    verbs_conn_t *c = conn_of(ep);
+    return c->sq_used || !list_empty(&c->tx_ready) || !list_empty(&c->ctrl_backlog);
+}
+
 void verbs_close_ep(slime_ep_t *ep) {
     vconn_free(ep->conn);
     ep->conn = NULL;

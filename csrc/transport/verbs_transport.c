@@ -65,6 +65,7 @@ const transport_ops_t slime_verbs_transport = {
     .rndv_release = verbs_rndv_release,
     .describe = verbs_describe,
     .waits_on_peer = rkeys_asking,
+    .tx_unsent = verbs_tx_unsent,
 };
 
 #else

@@ -113,11 +113,12 @@ static void case_later_message_first(h_rank_t *r)
     h_barrier(r);
 }
 
-/* A message the sender left parked before it exited is still received,
- * after its endpoint went down. */
-static void case_sender_gone(h_rank_t *r)
+/* Rank 0 sends n messages (tags first..first+n-1) and destroys its
+ * context at once; rank 1 receives them all after the endpoint went down.
+ * A completed send is the peer's even when the sender then leaves: over
+ * verbs destroy waits for the queue pair to deliver what it took. */
+static void sender_gone(h_rank_t *r, uint64_t first, int n)
 {
-    const uint64_t tag = 31;
     uint8_t blob[SLIME_ADDRESS_MAX];
     slime_ctx_t *ctx = h_ctx_create(NULL);
     if (r->rank == 0) {
@@ -125,7 +126,8 @@ static void case_sender_gone(h_rank_t *r)
         h_ctl_send(r, 1, blob, len);
         slime_ep_t *ep = NULL;
         H_CHECK_OK(slime_ep_accept(ctx, H_WAIT_MS, &ep));
-        send_one(ep, tag);
+        for (int i = 0; i < n; i++)
+            send_one(ep, first + (uint64_t)i);
         slime_ctx_destroy(ctx);
         h_ctl_send_u64(r, 1, 1);
         return;
@@ -141,9 +143,17 @@ static void case_sender_gone(h_rank_t *r)
             h_fail(__FILE__, __LINE__, "the sender's exit not seen in %d ms", H_WAIT_MS);
         h_sleep_ms(1);
     }
-    recv_one(ctx, ep, tag);
+    for (int i = 0; i < n; i++)
+        recv_one(ctx, ep, first + (uint64_t)i);
     slime_ctx_destroy(ctx);
 }
+
+/* The one message is parked over shm when the hang-up comes. */
+static void case_sender_gone(h_rank_t *r) { sender_gone(r, 31, 1); }
+
+/* 2 MiB in 64 KiB sends: over verbs the last of them are still in the
+ * queue pair when the sender's destroy begins. */
+static void case_sender_gone_after_many(h_rank_t *r) { sender_gone(r, 40, 32); }
 
 int main(int argc, char **argv)
 {
@@ -152,6 +162,7 @@ int main(int argc, char **argv)
         {"received_late_from_any", case_received_late_from_any, 2, false, 0},
         {"later_message_first", case_later_message_first, 2, false, 0},
         {"sender_gone", case_sender_gone, 2, true, 0},
+        {"sender_gone_after_many", case_sender_gone_after_many, 2, true, 0},
     };
     return h_main("test_unexpected", cases, sizeof cases / sizeof cases[0], argc, argv);
 }

@@ -126,8 +126,11 @@ SLIME_API void slime_ctx_opts_init(slime_ctx_opts_t *opts);
 SLIME_API slime_status_t slime_ctx_create(const slime_ctx_opts_t *opts,
                                           slime_ctx_t **out);
 
-/* Fails every pending request with SLIME_ERR_CLOSED, closes every
- * endpoint, stops the progress thread and frees the context.  Threads
+/* Gives messages whose sends completed up to the peer silence limit
+ * (DLSLIME_PEER_SILENCE_MS, a second by default) to reach their live
+ * peers (a transport may still hold them), then fails every pending
+ * request with SLIME_ERR_CLOSED, closes every endpoint, stops the
+ * progress thread and frees the context.  Threads
  * blocked in a wait on it return first (with the request's failure, or
  * SLIME_ERR_TIMEOUT for connect/accept); no call may start on the context
  * once destroy has begun.  MRs and requests the caller still holds stay
@@ -204,10 +207,11 @@ SLIME_API uint64_t slime_ep_peer_id(const slime_ep_t *ep);
  * (SLIME_ERR_PEER_LOST, SLIME_ERR_CLOSED, SLIME_ERR_PROTOCOL). */
 SLIME_API slime_status_t slime_ep_status(const slime_ep_t *ep);
 
-/* Closes the connection: pending requests on it fail with
- * SLIME_ERR_CLOSED.  The pointer stays valid until the context is
- * destroyed (or released: slime_ep_release); a later slime_ep_connect to
- * the same peer dials anew. */
+/* Closes the connection, once messages whose sends completed are with
+ * the peer (waiting the peer silence limit at most): pending requests on
+ * it fail with SLIME_ERR_CLOSED.  The pointer stays valid until the
+ * context is destroyed (or released: slime_ep_release); a later
+ * slime_ep_connect to the same peer dials anew. */
 SLIME_API void slime_ep_close(slime_ep_t *ep);
 
 /* Holds on an endpoint.  Every endpoint slime_ep_connect or
