@@ -56,6 +56,14 @@ def make_op(op, nbytes, rank, world, group):
     if op == "reduce_scatter":
         inp, out = [torch.zeros(c) for _ in range(world)], torch.zeros(c)
         return lambda: dist.reduce_scatter(out, inp, group=group)
+    if op == "gather":
+        inp = torch.zeros(c)
+        out = [torch.zeros(c) for _ in range(world)] if rank == 0 else None
+        return lambda: dist.gather(inp, out, dst=0, group=group)
+    if op == "scatter":
+        out = torch.zeros(c)
+        inp = [torch.zeros(c) for _ in range(world)] if rank == 0 else None
+        return lambda: dist.scatter(out, inp, src=0, group=group)
     if op == "all_to_all":
         inp, out = [torch.zeros(c) for _ in range(world)], [torch.zeros(c) for _ in range(world)]
         return lambda: dist.all_to_all(out, inp, group=group)

@@ -22,7 +22,7 @@ static bool binomial(coll_run_t *r, const coll_op_t *op) {
         mask = low;
     }
     for (int m = mask >> 1; m > 0; m >>= 1)
-        if (vr + m < n && run_send(r, mod_rank(vr + m + op->root, n), 0, op->buf, op->bytes) < 0) return false;
+        if (vr + m < n && run_send_sync(r, mod_rank(vr + m + op->root, n), 0, op->buf, op->bytes) < 0) return false;
     return true; /* the worker waits for the sends */
 }
 

@@ -194,6 +194,12 @@ struct coll_run {
 void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op);
 /* Post one message of this collective; a handle, or -1 once failed. */
 int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
+/* run_send for a sender that could run ahead of its receiver (a root
+ * that only sends): from coll_sync_bytes() on, and while the
+ * communicator has no more ranks than we have cores, it completes only
+ * once the receiver took the bytes (p2p_send_sync), so that each message
+ * is copied once, into its receive, rather than queued and copied twice. */
+int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
 int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len);
 /* run_recv into a piece of a large buffer that nobody reads before the
  * collective ends (recv_opts_t.cold): shm stores it past the cache. */
@@ -261,6 +267,10 @@ const uint8_t *ring_src_at(const ring_plan_t *p, int n, int b, size_t first);
 /* ---- tuning (worker.c) ---- */
 size_t coll_chunk_bytes(void);      /* pipeline unit; $DLSLIME_COLL_CHUNK */
 size_t coll_small_bytes(void);      /* latency algorithms up to this; $DLSLIME_COLL_SMALL */
+/* run_send_sync goes by rendezvous from this size; $DLSLIME_COLL_SYNC_MIN */
+size_t coll_sync_bytes(void);
+/* The CPUs this process may run on (its affinity mask). */
+int coll_cpus(void);
 /* In-place rings of at least this many bytes may move chunks by
  * one-sided reads, in chunks twice as large; $DLSLIME_COLL_CMA_MIN
  * (default: never).  These knobs must be the same on every rank. */

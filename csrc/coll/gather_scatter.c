@@ -13,7 +13,7 @@ static bool gather_exec(coll_run_t *r, const coll_op_t *op) {
     slime_comm_t *c = r->comm;
     if (op->bytes == 0) return true;
     r->phase = "direct";
-    if (c->rank != op->root) return run_send(r, op->root, 0, op->src, op->bytes) >= 0;
+    if (c->rank != op->root) return run_send_sync(r, op->root, 0, op->src, op->bytes) >= 0;
     for (int q = 0; q < c->size; q++)
         if (q != c->rank && run_recv(r, q, 0, op->ptrs[q], op->bytes) < 0) return false;
     void *mine = op->ptrs[c->rank];
@@ -27,7 +27,7 @@ static bool scatter_exec(coll_run_t *r, const coll_op_t *op) {
     r->phase = "direct";
     if (c->rank != op->root) return run_recv(r, op->root, 0, op->dst, op->bytes) >= 0;
     for (int q = 0; q < c->size; q++)
-        if (q != c->rank && run_send(r, q, 0, op->ptrs[q], op->bytes) < 0) return false;
+        if (q != c->rank && run_send_sync(r, q, 0, op->ptrs[q], op->bytes) < 0) return false;
     const void *mine = op->ptrs[c->rank];
     if (mine != op->dst) memcpy(op->dst, mine, op->bytes);
     return true;

@@ -9,6 +9,7 @@
  * collective breaks the communicator: everything after it fails fast
  * with the same cause. */
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,28 @@ size_t coll_small_bytes(void) {
     size_t v = atomic_load(&cached);
     if (!v) {
         v = env_size("DLSLIME_COLL_SMALL", 64 * 1024);
+        atomic_store(&cached, v);
+    }
+    return v;
+}
+
+size_t coll_sync_bytes(void) {
+    static _Atomic size_t cached;
+    size_t v = atomic_load(&cached);
+    if (!v) {
+        v = env_size("DLSLIME_COLL_SYNC_MIN", 32 * 1024);
+        atomic_store(&cached, v);
+    }
+    return v;
+}
+
+int coll_cpus(void) {
+    static _Atomic int cached;
+    int v = atomic_load(&cached);
+    if (!v) {
+        cpu_set_t set;
+        v = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (v < 1) v = 1;
         atomic_store(&cached, v);
     }
     return v;

@@ -1,0 +1,96 @@
+/*
+ * test_coll_sync.c - a collective's sender that only sends (broadcast's
+ * root, scatter's root, gather's other ranks) does not run ahead of its
+ * receiver with a large message: its part completes only once the
+ * receiver has taken the bytes (a rendezvous, copied once), while small
+ * messages still go eagerly and complete without the receiver.  That is
+ * while the communicator has no more ranks than this process has cores;
+ * past that the sender always goes eagerly, which the case checks too
+ * when the machine is that small.
+ */
+#include "test_coll_util.h"
+
+#include <sched.h>
+#include <stdio.h>
+
+#define SMALL 1024           /* eager at every setting */
+#define LARGE (64 * H_KIB)   /* at or past DLSLIME_COLL_SYNC_MIN's default */
+
+enum kind { BROADCAST, SCATTER, GATHER };
+
+static bool large_waits(void)
+{
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    return cpus >= 2; /* the communicator has 2 ranks */
+}
+
+static slime_status_t post(slime_comm_t *comm, enum kind k, uint8_t *buf, uint8_t *all, size_t len,
+                           slime_req_t **q)
+{
+    switch (k) {
+    case BROADCAST: return slime_broadcast(comm, buf, len, 0, q);
+    case SCATTER: return slime_scatter(comm, all, len, buf, 0, q);
+    case GATHER: return slime_gather(comm, buf, len, all, 1, q);
+    }
+    return SLIME_ERR_INVAL;
+}
+
+/* Rank 0 is the one that only sends; rank 1 posts its part only once
+ * rank 0 has looked at its request for a while. */
+static void one(h_rank_t *r, enum kind k, size_t len, bool should_wait)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    uint8_t *buf = h_alloc(len), *all = h_alloc(2 * len);
+    const uint64_t seed = 500 + (uint64_t)k;
+    slime_req_t *q = NULL;
+    if (r->rank == 0) {
+        h_fill(buf, len, seed, 0);
+        h_fill(all, len, seed, 0);
+        h_fill(all + len, len, seed, 1);
+        H_CHECK_OK(post(comm, k, buf, all, len, &q));
+        h_sleep_ms(should_wait ? 50 : 0);
+        /* a sender that goes eagerly finishes alone; one that waits cannot */
+        if (should_wait)
+            H_CHECK_EQ(slime_req_test(q), SLIME_INPROGRESS);
+        else
+            H_WAIT(q, SLIME_OK);
+        h_ctl_send_u64(r, 1, 1);
+        H_WAIT_FREE(q, SLIME_OK);
+    } else {
+        (void)h_ctl_recv_u64(r, 0);
+        memset(buf, 0xee, len);
+        memset(all, 0xee, 2 * len);
+        H_CHECK_OK(post(comm, k, buf, all, len, &q));
+        H_WAIT_FREE(q, SLIME_OK);
+        if (k == BROADCAST) H_CHECK_PATTERN(buf, len, seed, 0);
+        if (k == SCATTER) H_CHECK_PATTERN(buf, len, seed, 1);
+        if (k == GATHER) H_CHECK_PATTERN(all, len, seed, 0);
+    }
+    h_barrier(r);
+    free(buf);
+    free(all);
+    slime_comm_destroy(comm);
+}
+
+static void each_size(h_rank_t *r, enum kind k)
+{
+    one(r, k, SMALL, false);
+    one(r, k, LARGE, large_waits());
+}
+
+static void case_broadcast(h_rank_t *r) { each_size(r, BROADCAST); }
+static void case_scatter(h_rank_t *r) { each_size(r, SCATTER); }
+static void case_gather(h_rank_t *r) { each_size(r, GATHER); }
+
+int main(int argc, char **argv)
+{
+    static const h_case_t cases[] = {
+        {"broadcast", case_broadcast, 2, false, 0},
+        {"scatter", case_scatter, 2, false, 0},
+        {"gather", case_gather, 2, false, 0},
+    };
+    if (!large_waits())
+        printf("[test_coll_sync] one core: large parts go eagerly too, and are checked to\n");
+    return h_main("test_coll_sync", cases, sizeof cases / sizeof cases[0], argc, argv);
+}
