@@ -66,7 +66,8 @@ static bool allreduce_exec(coll_run_t *r, const coll_op_t *op) {
     const int n = r->comm->size;
     const size_t es = slime_dtype_size(op->dtype);
     if (n == 1 || op->count == 0) return true;
-    if (op->count * es <= coll_small_bytes() || op->count < (size_t)n) return recursive_doubling(r, op);
+    size_t small = n == 2 ? coll_pair_small_bytes() : coll_small_bytes();
+    if (op->count * es <= small || op->count < (size_t)n) return recursive_doubling(r, op);
     ring_plan_t p = {
         .mode = RING_INPLACE,
         .buf = op->buf,
