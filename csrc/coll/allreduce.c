@@ -66,7 +66,9 @@ static bool allreduce_exec(coll_run_t *r, const coll_op_t *op) {
     const int n = r->comm->size;
     const size_t es = slime_dtype_size(op->dtype);
     if (n == 1 || op->count == 0) return true;
-    size_t small = n == 2 ? coll_pair_small_bytes() : coll_small_bytes();
+    /* both ends of a connection see the same transport: the ranks agree */
+    bool shm_pair = n == 2 && p2p_ep_can(r->comm->peers[1 - r->comm->rank], P2P_CAP_CPU_RMA);
+    size_t small = shm_pair ? coll_pair_small_bytes() : coll_small_bytes();
     if (op->count * es <= small || op->count < (size_t)n) return recursive_doubling(r, op);
     ring_plan_t p = {
         .mode = RING_INPLACE,

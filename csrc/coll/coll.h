@@ -268,7 +268,7 @@ const uint8_t *ring_src_at(const ring_plan_t *p, int n, int b, size_t first);
 /* ---- tuning (worker.c) ---- */
 size_t coll_chunk_bytes(void);      /* pipeline unit; $DLSLIME_COLL_CHUNK */
 size_t coll_small_bytes(void);      /* latency algorithms up to this; $DLSLIME_COLL_SMALL */
-size_t coll_pair_small_bytes(void); /* the same for a 2-rank all_reduce; $DLSLIME_COLL_SMALL_PAIR */
+size_t coll_pair_small_bytes(void); /* the same for a 2-rank all_reduce over shm; $DLSLIME_COLL_SMALL_PAIR */
 /* run_send_sync goes by rendezvous from this size; $DLSLIME_COLL_SYNC_MIN */
 size_t coll_sync_bytes(void);
 /* The CPUs this process may run on (its affinity mask). */

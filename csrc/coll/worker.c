@@ -54,11 +54,12 @@ size_t coll_small_bytes(void) {
     return v;
 }
 
-/* Two ranks' all_reduce takes the ring sooner: it halves each rank's
- * share of the reduction, and its first receives are posted before any
- * block is sent.  Through torch on 2 cores, p50 of 3 alternating runs,
- * 64 KiB: 2 ranks 20-22 us by recursive doubling, 17 by the ring; 4
- * ranks 138-172 against 203-209, so more ranks keep coll_small_bytes. */
+/* Two ranks' all_reduce over shm takes the ring sooner: it halves each
+ * rank's share of the reduction, and its first receives are posted
+ * before any block is sent.  Through torch on 2 cores, p50 of 3
+ * alternating runs, 64 KiB: 2 ranks 20-22 us by recursive doubling, 17
+ * by the ring; 4 ranks 138-172 against 203-209, and 2 ranks over tcp at
+ * 48 KiB 39-40 against 49-68, so those keep coll_small_bytes. */
 size_t coll_pair_small_bytes(void) {
     static _Atomic size_t cached;
     size_t v = atomic_load(&cached);
