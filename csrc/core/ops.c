@@ -63,6 +63,17 @@ static slime_status_t op_check(slime_ctx_t *ctx, const slime_op_t *op, wire_desc
     return slime_errorf(SLIME_ERR_INVAL, "unknown operation kind %d", (int)op->kind);
 }
 
+/* Under ctx->lock: a receive from any peer was just posted; each parked
+ * payload is looked at again until one lands in it. */
+static void take_parked(slime_ctx_t *ctx, slime_req_t *req) {
+    slime_list_t *pos, *tmp;
+    list_for_each_safe(pos, tmp, &ctx->eps) {
+        slime_ep_t *ep = container_of(pos, slime_ep_t, link);
+        if (!list_linked(&req->qlink)) return; /* matched */
+        if (ep->rx.parked) frames_rx(ep);
+    }
+}
+
 /* Under ctx->lock, after op_check.  May complete req before returning. */
 static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d, slime_req_t *req) {
     slime_ep_t *ep = op->ep;
@@ -102,10 +113,10 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
         }
         list_push_back(&ctx->posted, &req->qlink);
         if (ep) list_push_back(&ep->pending, &req->eplink);
-        /* its message may sit parked in the transport: take it now, or
-         * (any peer's) have the progress thread look */
+        /* its message may sit parked in the transport: take it now, here
+         * (a hand-off to the progress thread would cost a wake-up) */
         if (ep && ep->rx.parked) frames_rx(ep);
-        else if (!ep && ctx->n_parked) ctx_post_work(ctx);
+        else if (!ep && ctx->n_parked) take_parked(ctx, req);
         return;
     default:
         req->buf = (uint8_t *)op->local->addr + op->local_off;
