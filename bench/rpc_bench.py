@@ -514,7 +514,11 @@ def turn(name, host, netns, where, quick, rounds, rates, cold):
             todo.insert(0, ("cold", ()))
         rows = []
         for what, args in todo:
-            rows.append(client.run(what, *args))
+            try:
+                rows.append(client.run(what, *args))
+            except Exception as exc:
+                exc.rows = rows  # the points measured before this one count
+                raise
             show(rows[-1])
         return rows
     finally:
@@ -526,7 +530,8 @@ def in_turns(names, host, where, quick, rounds, netns=None, rates=True, cold=Tru
     processes alive during its turn (a user of one does not run the
     others' daemons beside it), the systems taking turns in rounds, the
     order rotating, so that the machine's drift weighs on all alike.  A
-    system that fails is dropped from the later rounds, not the others."""
+    system that fails is dropped from its later points and rounds, not
+    the others; what it measured before the failure stays."""
     names = list(names)
     for name in list(names):
         why = available(name)
@@ -541,7 +546,9 @@ def in_turns(names, host, where, quick, rounds, netns=None, rates=True, cold=Tru
             try:
                 rows += turn(name, host, netns, where, quick, rounds, rates, cold=cold and r == 0)
             except Exception as exc:
-                print(f"[{name}] failed: {type(exc).__name__}: {exc}; dropped from the run", flush=True)
+                rows += getattr(exc, "rows", [])
+                print(f"[{name}] failed: {type(exc).__name__}: {exc}; dropped from the later points and "
+                      f"rounds (its points so far are kept)", flush=True)
                 names.remove(name)
     cold = [r for r in rows if r["kind"] == "cold"]
     if cold:
