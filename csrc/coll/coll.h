@@ -265,7 +265,7 @@ void ring_block(const ring_plan_t *p, int n, int b, size_t *off, size_t *len);
 uint8_t *ring_at(const ring_plan_t *p, int n, int b, size_t first);
 const uint8_t *ring_src_at(const ring_plan_t *p, int n, int b, size_t first);
 
-/* ---- tuning (worker.c) ---- */
+/* ---- tuning (tuning.c) ---- */
 size_t coll_chunk_bytes(void);      /* pipeline unit; $DLSLIME_COLL_CHUNK */
 size_t coll_small_bytes(void);      /* latency algorithms up to this; $DLSLIME_COLL_SMALL */
 size_t coll_pair_small_bytes(void); /* the same for a 2-rank all_reduce over shm; $DLSLIME_COLL_SMALL_PAIR */

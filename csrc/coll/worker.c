@@ -9,7 +9,6 @@
  * collective breaks the communicator: everything after it fails fast
  * with the same cause. */
 #include <inttypes.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,80 +16,6 @@
 #include <unistd.h>
 
 #include "coll/coll.h"
-
-size_t coll_chunk_bytes(void) {
-    static _Atomic size_t cached;
-    size_t v = atomic_load(&cached);
-    if (!v) {
-        v = env_size("DLSLIME_COLL_CHUNK", 512 * 1024);
-        if (v < 4096) v = 4096;
-        atomic_store(&cached, v);
-    }
-    return v;
-}
-
-/* Off unless asked for: with the shm stream's 4 MiB rings and streaming
- * stores, two ranks' all_reduce ran faster through the stream than by
- * reads (torch_op_focus, medians of 5, alternating: 16 MiB 3.6-3.7 ms vs
- * 5.0-5.2, 64 MiB 14.3-16.3 ms vs 15.5-21.6), and all_gather,
- * reduce_scatter, broadcast and 4 ranks were level within noise. */
-size_t coll_cma_min_bytes(void) {
-    static _Atomic size_t cached;
-    size_t v = atomic_load(&cached);
-    if (!v) {
-        v = env_size("DLSLIME_COLL_CMA_MIN", SIZE_MAX);
-        atomic_store(&cached, v);
-    }
-    return v;
-}
-
-size_t coll_small_bytes(void) {
-    static _Atomic size_t cached;
-    size_t v = atomic_load(&cached);
-    if (!v) {
-        v = env_size("DLSLIME_COLL_SMALL", 64 * 1024);
-        atomic_store(&cached, v);
-    }
-    return v;
-}
-
-/* Two ranks' all_reduce over shm takes the ring sooner: it halves each
- * rank's share of the reduction, and its first receives are posted
- * before any block is sent.  Through torch on 2 cores, p50 of 3
- * alternating runs, 64 KiB: 2 ranks 20-22 us by recursive doubling, 17
- * by the ring; 4 ranks 138-172 against 203-209, and 2 ranks over tcp at
- * 48 KiB 39-40 against 49-68, so those keep coll_small_bytes. */
-size_t coll_pair_small_bytes(void) {
-    static _Atomic size_t cached;
-    size_t v = atomic_load(&cached);
-    if (!v) {
-        v = env_size("DLSLIME_COLL_SMALL_PAIR", 32 * 1024);
-        atomic_store(&cached, v);
-    }
-    return v;
-}
-
-size_t coll_sync_bytes(void) {
-    static _Atomic size_t cached;
-    size_t v = atomic_load(&cached);
-    if (!v) {
-        v = env_size("DLSLIME_COLL_SYNC_MIN", 32 * 1024);
-        atomic_store(&cached, v);
-    }
-    return v;
-}
-
-int coll_cpus(void) {
-    static _Atomic int cached;
-    int v = atomic_load(&cached);
-    if (!v) {
-        cpu_set_t set;
-        v = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-        if (v < 1) v = 1;
-        atomic_store(&cached, v);
-    }
-    return v;
-}
 
 /* slime_comm_next_waited's word, taken by this thread's next collective
  * call (coll_check) and used by its post, if it gets that far */

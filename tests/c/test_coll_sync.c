@@ -18,11 +18,12 @@
 
 enum kind { BROADCAST, SCATTER, GATHER };
 
-static bool large_waits(void)
+/* The endpoint's transport, not DLSLIME_TRANSPORT: auto picks shm here. */
+static bool large_waits(h_rank_t *r)
 {
     cpu_set_t set;
     int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    return cpus >= 2 && strcmp(h_transport(), "shm") == 0; /* the communicator has 2 ranks */
+    return cpus >= 2 && strcmp(slime_ep_transport(r->ep[h_peer(r)]), "shm") == 0; /* 2 ranks */
 }
 
 static slime_status_t post(slime_comm_t *comm, enum kind k, uint8_t *buf, uint8_t *all, size_t len,
@@ -76,7 +77,11 @@ static void one(h_rank_t *r, enum kind k, size_t len, bool should_wait)
 static void each_size(h_rank_t *r, enum kind k)
 {
     one(r, k, SMALL, false);
-    one(r, k, LARGE, large_waits());
+    bool waits = large_waits(r);
+    if (!waits && r->rank == 0)
+        printf("[test_coll_sync] over %s: large parts go eagerly too, and are checked to\n",
+               slime_ep_transport(r->ep[h_peer(r)]));
+    one(r, k, LARGE, waits);
 }
 
 static void case_broadcast(h_rank_t *r) { each_size(r, BROADCAST); }
@@ -90,7 +95,5 @@ int main(int argc, char **argv)
         {"scatter", case_scatter, 2, false, 0},
         {"gather", case_gather, 2, false, 0},
     };
-    if (!large_waits())
-        printf("[test_coll_sync] %s: large parts go eagerly too, and are checked to\n", h_transport());
     return h_main("test_coll_sync", cases, sizeof cases / sizeof cases[0], argc, argv);
 }

@@ -1,0 +1,72 @@
+/* The collectives' tuning: sizes from the environment, read once, and
+ * the cores this process may run on. */
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "coll/coll.h"
+
+typedef struct knob {
+    _Atomic bool read;
+    _Atomic size_t value;
+} knob_t;
+
+/* name's size (dflt when unset), at least min; racing first readers
+ * compute the same value. */
+static size_t knob_get(knob_t *k, const char *name, size_t dflt, size_t min) {
+    if (!atomic_load_explicit(&k->read, memory_order_acquire)) {
+        size_t v = env_size(name, dflt);
+        atomic_store_explicit(&k->value, v < min ? min : v, memory_order_relaxed);
+        atomic_store_explicit(&k->read, true, memory_order_release);
+    }
+    return atomic_load_explicit(&k->value, memory_order_relaxed);
+}
+
+size_t coll_chunk_bytes(void) {
+    static knob_t k;
+    return knob_get(&k, "DLSLIME_COLL_CHUNK", 512 * 1024, 4096);
+}
+
+/* Off unless asked for: with the shm stream's 4 MiB rings and streaming
+ * stores, two ranks' all_reduce ran faster through the stream than by
+ * reads (torch_op_focus, medians of 5, alternating: 16 MiB 3.6-3.7 ms vs
+ * 5.0-5.2, 64 MiB 14.3-16.3 ms vs 15.5-21.6), and all_gather,
+ * reduce_scatter, broadcast and 4 ranks were level within noise. */
+size_t coll_cma_min_bytes(void) {
+    static knob_t k;
+    return knob_get(&k, "DLSLIME_COLL_CMA_MIN", SIZE_MAX, 0);
+}
+
+size_t coll_small_bytes(void) {
+    static knob_t k;
+    return knob_get(&k, "DLSLIME_COLL_SMALL", 64 * 1024, 0);
+}
+
+/* Two ranks' all_reduce over shm takes the ring sooner: it halves each
+ * rank's share of the reduction, and its first receives are posted
+ * before any block is sent.  Through torch on 2 cores, p50 of 3
+ * alternating runs, 64 KiB: 2 ranks 20-22 us by recursive doubling, 17
+ * by the ring; 4 ranks 138-172 against 203-209, and 2 ranks over tcp at
+ * 48 KiB 39-40 against 49-68, so those keep coll_small_bytes. */
+size_t coll_pair_small_bytes(void) {
+    static knob_t k;
+    return knob_get(&k, "DLSLIME_COLL_SMALL_PAIR", 32 * 1024, 0);
+}
+
+size_t coll_sync_bytes(void) {
+    static knob_t k;
+    return knob_get(&k, "DLSLIME_COLL_SYNC_MIN", 32 * 1024, 0);
+}
+
+int coll_cpus(void) {
+    static _Atomic int cached;
+    int v = atomic_load(&cached);
+    if (!v) {
+        cpu_set_t set;
+        v = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (v < 1) v = 1;
+        atomic_store(&cached, v);
+    }
+    return v;
+}
