@@ -300,8 +300,12 @@ void ep_linger(slime_ctx_t *ctx, slime_ep_t *only) {
     const uint64_t deadline = now_ns() + (ctx->silence_ns ? ctx->silence_ns : 1000000000ull);
     for (;;) {
         pthread_mutex_lock(&ctx->lock);
-        progress_locked(ctx);
+        /* most closes have nothing unsent: no progress pass for them */
         bool settled = eps_tx_settled(ctx, only);
+        if (!settled) {
+            progress_locked(ctx);
+            settled = eps_tx_settled(ctx, only);
+        }
         pthread_mutex_unlock(&ctx->lock);
         if (settled || now_ns() >= deadline) return;
         usleep(100);

@@ -133,6 +133,8 @@ static int rx_frames(slime_ep_t *ep) {
             rx->left = rx->hdr.len;
             rx->got = 0;
             proto_on_header(ep);
+            /* counted on arrival only: the paused branch above retries */
+            if (rx->parked) atomic_fetch_add_explicit(&ep->ctx->parks, 1, memory_order_relaxed);
             if (rx->paused || ep->state != EP_UP) break;
         }
         bool combine = rx->sink == SINK_RECV && rx->req->combine;

@@ -461,6 +461,7 @@ struct slime_ctx {
     _Atomic uint64_t live_pings; /* SLIME_COUNTER_PEER_PINGS */
     int n_parked;               /* endpoints with rx.parked (proto_set_parked) */
     _Atomic uint64_t unexp_copies; /* SLIME_COUNTER_UNEXPECTED_COPIES */
+    _Atomic uint64_t parks;     /* SLIME_COUNTER_PARKED */
 };
 
 /* team.c: splits a chunked job between the calling thread and the

@@ -133,8 +133,8 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
     }
 }
 
-/* ro: a receive's options (ep_recv_opts), else NULL */
-/* ro: a receive's options; sync: a send by rendezvous (p2p_send_sync) */
+/* ro: a receive's options (ep_recv_opts), else NULL; sync: a send by
+ * rendezvous (p2p_send_sync) */
 static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_ep_t *ep, const recv_opts_t *ro,
                                   bool sync, slime_req_t **out) {
     if (out) *out = NULL;

@@ -140,6 +140,7 @@ static const int_constant_t int_constants[] = {
     {"COUNTER_PEER_PINGS", SLIME_COUNTER_PEER_PINGS},
     {"COUNTER_TCP_CMA_FETCHES", SLIME_COUNTER_TCP_CMA_FETCHES},
     {"COUNTER_UNEXPECTED_COPIES", SLIME_COUNTER_UNEXPECTED_COPIES},
+    {"COUNTER_PARKED", SLIME_COUNTER_PARKED},
 };
 
 static int add_types(PyObject *module)

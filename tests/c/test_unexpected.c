@@ -93,6 +93,13 @@ static void case_received_late_from_any(h_rank_t *r)
     const uint64_t tag = 12;
     uint64_t before = sent_before(r, &tag, 1);
     if (r->rank == 1) {
+        /* the posting thread's part starts once the payload is parked */
+        const int64_t start = h_now_ms();
+        while (parks() && slime_ctx_counter(r->ctx, SLIME_COUNTER_PARKED) == 0) {
+            if (h_now_ms() - start > H_WAIT_MS)
+                h_fail(__FILE__, __LINE__, "the payload was not parked in %d ms", H_WAIT_MS);
+            h_sleep_ms(1);
+        }
         uint8_t *buf = h_alloc(LEN);
         slime_req_t *req = NULL;
         H_CHECK_OK(slime_recv_any(r->ctx, buf, LEN, tag, &req));

@@ -168,6 +168,9 @@ typedef enum slime_counter {
      * a buffer of the context's, to be copied again when it is posted
      * (over shm one waits in the ring instead while nothing is behind it) */
     SLIME_COUNTER_UNEXPECTED_COPIES = 4,
+    /* eager messages that came before their receive and were left where
+     * they arrived (in the shm ring) until it is posted */
+    SLIME_COUNTER_PARKED = 5,
 } slime_counter_t;
 /* The counter's value; 0 for an unknown counter. */
 SLIME_API uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which);
