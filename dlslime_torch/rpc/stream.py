@@ -187,13 +187,17 @@ async def _aclose(agen):
 
 
 class _Producer:
-    """One open stream at the server: its generator, advanced by pulls
-    under its lock, the items asked for ahead kept until their pull."""
+    """One open stream at the server: its generator, advanced by pulls one
+    at a time, the items asked for ahead kept until their pull.  The
+    generator runs with the lock released, so that the pull of an item
+    made already takes it while a later pull waits for a slow one."""
 
     def __init__(self, gen, loop):
         self.gen = gen
         self.loop = loop          # the event loop of an async generator, else None
         self.lock = threading.Lock()
+        self.turn = threading.Condition(self.lock)   # advancing became False
+        self.advancing = False    # a pull is inside the generator
         self.next_seq = 0
         self.ready = {}
         self.finished = False
@@ -213,6 +217,20 @@ class _Producer:
             self.finished = True
             return False, exc
 
+    def _make_next_locked(self):
+        """Under the lock: the next item, made with the lock released."""
+        self.advancing = True
+        seq = self.next_seq
+        self.lock.release()
+        try:
+            outcome = self._advance()
+        finally:
+            self.lock.acquire()
+            self.advancing = False
+            self.turn.notify_all()
+        self.ready[seq] = outcome
+        self.next_seq = seq + 1
+
     def pull(self, seq):
         if not 0 <= seq < self.next_seq + MAX_WINDOW:
             raise RpcError(f"stream: item {seq} asked for, more than {MAX_WINDOW} ahead of {self.next_seq}")
@@ -220,8 +238,10 @@ class _Producer:
         try:
             with self.lock:
                 while self.next_seq <= seq and not (self.finished or self.cancelled):
-                    self.ready[self.next_seq] = self._advance()
-                    self.next_seq += 1
+                    if self.advancing:
+                        self.turn.wait()
+                    else:
+                        self._make_next_locked()
                 outcome = self.ready.pop(seq, _END)
         finally:
             self.touched = time.monotonic()
@@ -230,22 +250,29 @@ class _Producer:
             raise outcome[1]
         return outcome
 
+    def busy(self):
+        return self.advancing
+
     def close_if_cancelled(self, wait_s=0.0):
         """Closes the generator once cancelled, waiting up to wait_s for a
-        pull inside it to finish its item.  Whoever holds the lock calls
-        this again after releasing it, so a cancel that found the lock
-        taken is never lost."""
+        pull inside it to finish its item.  That pull calls this again
+        when it is out, so a cancel that found the generator busy is never
+        lost."""
         if not self.cancelled:
             return
         if not (self.lock.acquire(timeout=wait_s) if wait_s > 0 else self.lock.acquire(blocking=False)):
             return
         try:
-            if not self.finished:
-                self.finished = True
-                if self.loop is None:
-                    self.gen.close()
-                else:
-                    asyncio.run_coroutine_threadsafe(_aclose(self.gen), self.loop).result(CLOSE_TIMEOUT_S)
+            if wait_s > 0:
+                self.turn.wait_for(lambda: not self.advancing, wait_s)
+            if self.advancing or self.finished:
+                return
+            self.finished = True
+            self.turn.notify_all()
+            if self.loop is None:
+                self.gen.close()
+            else:
+                asyncio.run_coroutine_threadsafe(_aclose(self.gen), self.loop).result(CLOSE_TIMEOUT_S)
         except Exception:
             pass  # the generator's own cleanup failed: nobody is left to tell
         finally:
@@ -334,7 +361,7 @@ class Streams:
             now = time.monotonic()
             with self._lock:
                 idle = [sid for sid, p in self._open.items()
-                        if not p.lock.locked() and now - p.touched > self.idle_timeout]
+                        if not p.busy() and now - p.touched > self.idle_timeout]
             for sid in idle:
                 self._cancel(sid)
 

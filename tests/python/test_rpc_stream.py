@@ -252,3 +252,32 @@ def server_killed_session(rank, size, store, transport):
 def test_server_killed_mid_stream(transport):
     env = {"DLSLIME_TRANSPORT": transport}
     assert run_job(2, server_killed_session, transport, env=env, may_exit=(1,))[0] == "ok"
+
+
+def test_made_items_are_taken_while_a_later_one_is_slow():
+    """The pull of item 2 makes items 0 and 1 on its way; their own pulls
+    take them while item 2 is still being made (they came later, in
+    other server threads).  With the generator run under the stream's
+    lock they waited for item 2, and a per-item timeout fired on them."""
+    from dlslime_torch.rpc.stream import _Producer
+    import threading
+    making_2, both_taken = threading.Event(), threading.Event()
+    waited_out = []
+
+    def gen():
+        yield 0
+        yield 1
+        making_2.set()
+        waited_out.append(not both_taken.wait(10))
+        yield 2
+
+    p = _Producer(gen(), None)
+    results = {}
+    later = threading.Thread(target=lambda: results.setdefault(2, p.pull(2)))
+    later.start()
+    assert making_2.wait(10)
+    results[0], results[1] = p.pull(0), p.pull(1)
+    both_taken.set()
+    later.join(10)
+    assert waited_out == [False]
+    assert results == {0: (True, 0), 1: (True, 1), 2: (True, 2)}
