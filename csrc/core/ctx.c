@@ -24,12 +24,8 @@ static slime_ctx_t *ctx_alloc(const slime_ctx_opts_t *opts, int force) {
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->sleep_mtx, NULL);
     pthread_mutex_init(&ctx->team_mtx, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&ctx->sleep_cond, &ca);
-    pthread_cond_init(&ctx->worker_cond, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&ctx->sleep_cond);
+    cond_init_monotonic(&ctx->worker_cond);
     list_init(&ctx->pending_conns);
     list_init(&ctx->eps);
     list_init(&ctx->accepted);

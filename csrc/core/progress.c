@@ -195,7 +195,7 @@ static bool sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint6
         uint64_t t = now_ns();
         if (t >= deadline || atomic_load(&ctx->closed)) break;
         uint64_t until = t + 50000000ull < deadline ? t + 50000000ull : deadline;
-        struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull), .tv_nsec = (long)(until % 1000000000ull)};
+        struct timespec ts = timespec_at_ns(until);
         pthread_cond_timedwait(cond, &ctx->sleep_mtx, &ts);
     }
     atomic_fetch_sub(sleepers, 1);

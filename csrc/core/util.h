@@ -41,6 +41,21 @@ static inline uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* A monotonic time (now_ns's clock) as pthread_cond_timedwait takes it. */
+static inline struct timespec timespec_at_ns(uint64_t t) {
+    struct timespec ts = {.tv_sec = (time_t)(t / 1000000000ull), .tv_nsec = (long)(t % 1000000000ull)};
+    return ts;
+}
+
+/* A condition variable whose timed waits take now_ns's clock. */
+static inline void cond_init_monotonic(pthread_cond_t *cond) {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cond, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 /* now + ms, saturating: an "infinite" timeout never wraps into the past. */
 static inline uint64_t deadline_after_ms(int64_t ms) {
     const int64_t cap = 100ll * 365 * 24 * 3600 * 1000; /* a century */

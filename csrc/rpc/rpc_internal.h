@@ -161,6 +161,11 @@ struct slime_rpc_server {
     uint64_t bulk_budget;         /* DLSLIME_RPC_BULK_BUDGET */
     _Atomic bool closing;
     _Atomic int waiters;          /* threads inside slime_rpc_server_next */
+    /* under mu: one thread in slime_rpc_server_next waits in the core
+     * (leading); the others (following) sleep on follow_cond */
+    bool leading;
+    uint32_t following;
+    pthread_cond_t follow_cond;
     int refs;                     /* 1 for the server + 1 per unfinished call */
     slime_list_t link;            /* the process's server list (port check) */
 };

@@ -3,8 +3,9 @@
  * bulk, replies sent from a buffer and built in place), many calls in
  * flight with fewer credits and several server threads, remote errors,
  * unknown methods, a mismatched service definition, a missing server,
- * abandoned calls whose late replies must not land anywhere, and a
- * server that dies mid-call.
+ * abandoned calls whose late replies must not land anywhere, a
+ * server that dies mid-call, and a second server thread taking a call
+ * while the first is busy with one.
  */
 #include "harness.h"
 
@@ -20,9 +21,28 @@
 #define M_FAIL 0x1003ull    /* error reply: the payload */
 #define M_SLOW 0x1004ull    /* sleeps the first payload byte * 10 ms, then echoes */
 #define M_HANG 0x1005ull    /* never answered */
+#define M_MEET 0x1006ull    /* waits for another M_MEET to be served at once */
 #define M_UNKNOWN 0x9999ull /* not served */
 
-static const uint64_t methods[] = {M_ECHO, M_INPLACE, M_FAIL, M_SLOW, M_HANG};
+static const uint64_t methods[] = {M_ECHO, M_INPLACE, M_FAIL, M_SLOW, M_HANG, M_MEET};
+
+/* M_MEET calls begun in this process (a case's rounds add up). */
+static atomic_int meetings;
+
+/* The payload's byte is the round: a round's two calls bring the count
+ * to 2 * (round + 1).  Replies 1 if the other call of the round was in
+ * another thread's hands within 5 s of this one's start, else 0. */
+static void serve_meet(slime_rpc_call_t *call, const uint8_t *data, size_t len)
+{
+    int want = 2 * ((len ? data[0] : 0) + 1);
+    atomic_fetch_add(&meetings, 1);
+    uint8_t met = 0;
+    for (int ms = 0; ms < 5000 && !met; ms++) {
+        met = atomic_load(&meetings) >= want;
+        if (!met) h_sleep_ms(1);
+    }
+    H_CHECK_OK(slime_rpc_call_reply(call, &met, 1, H_WAIT_MS));
+}
 
 static const size_t sizes[] = {0, 1, 1000, 65536 - 48, 65536 - 47, 65536, 200000, 1u << 20, 16u << 20};
 
@@ -45,6 +65,9 @@ static void serve_call(slime_rpc_call_t *call)
     }
     case M_FAIL:
         H_CHECK_OK(slime_rpc_call_fail(call, data, len, H_WAIT_MS));
+        return;
+    case M_MEET:
+        serve_meet(call, data, len);
         return;
     case M_SLOW:
         h_sleep_ms(len ? data[0] * 10 : 0);
@@ -268,6 +291,39 @@ static void case_errors(h_rank_t *r)
     h_ctl_send_u64(r, 1, 1);
 }
 
+/* Two server threads: while one is busy with a call, the other takes
+ * the next (only one of them waits in the core; the other sleeps until
+ * it is needed), whether the next came with the first or later.  Each
+ * call waits until both are being served. */
+static void case_threads_overlap(h_rank_t *r)
+{
+    if (r->rank == 1) {
+        run_server(r, NULL, 2);
+        return;
+    }
+    slime_rpc_client_t *cli = client(r, 4);
+    for (uint8_t round = 0; round < 3; round++) {
+        slime_rpc_req_t *reqs[2];
+        /* together (the leader finds the second waiting as it takes the
+         * first), or apart (the second comes while no thread waits) */
+        for (int i = 0; i < 2; i++) {
+            if (i == 1 && round % 2) h_sleep_ms(20);
+            H_CHECK_OK(slime_rpc_call(cli, M_MEET, &round, 1, &reqs[i]));
+        }
+        for (int i = 0; i < 2; i++) {
+            H_CHECK_OK(slime_rpc_req_wait(reqs[i], H_WAIT_MS));
+            size_t got = 0;
+            const uint8_t *back = slime_rpc_req_data(reqs[i], &got);
+            H_CHECK_EQ(got, 1);
+            if (back[0] != 1)
+                h_fail(__FILE__, __LINE__, "round %d: call %d was served alone", round, i);
+            slime_rpc_req_free(reqs[i]);
+        }
+    }
+    slime_rpc_client_destroy(cli);
+    h_ctl_send_u64(r, 1, 1);
+}
+
 /* The server dies while a call is in its hands: the call fails with
  * PEER_LOST, and so does every later call on the channel. */
 static void case_server_dies(h_rank_t *r)
@@ -305,6 +361,7 @@ int main(int argc, char **argv)
         {"many", case_many, 2, false, 0},
         {"errors", case_errors, 2, false, 0},
         {"server_dies", case_server_dies, 2, false, 1u << 1},
+        {"threads_overlap", case_threads_overlap, 2, false, 0},
     };
     return h_main("test_rpc", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
