@@ -130,12 +130,14 @@ def dlslime_shim_extension():
     """dlslime_torch._shim: the c10d::Backend of the "dlslime" backend."""
     sources = sorted(glob.glob(os.path.join(ROOT, "shim", "*.cpp")))
     headers = (glob.glob(os.path.join(ROOT, "shim", "*.h"))
-               + glob.glob(os.path.join(ROOT, "csrc", "include", "dlslime", "*.h")))
+               + glob.glob(os.path.join(ROOT, "csrc", "include", "dlslime", "*.h"))
+               + [os.path.join(ROOT, "csrc", "python", "tensor_api.h")])
     ext = torch_cpp_extension.CppExtension(
         f"{PACKAGE}._shim",
         sources=[_relative(s) for s in sources],
         depends=[_relative(h) for h in headers],
-        include_dirs=[os.path.join(ROOT, "csrc", "include")],
+        # csrc/python for tensor_api.h, the table the shim lends _C
+        include_dirs=[os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc", "python")],
         library_dirs=[CORE_BUILD_DIR],
         libraries=["dlslime"],
         extra_compile_args=list(CXX_FLAGS),

@@ -69,6 +69,10 @@ dlslime_shim::NoGilPtr<BackendDlslime> make_backend(
 
 } // namespace
 
+namespace dlslime_shim {
+PyObject* tensor_api_capsule();  // tensor_api.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch.distributed backend 'dlslime' over libdlslime "
             "(internal: use dlslime_torch)";
@@ -99,4 +103,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("shutdown_all", &BackendDlslime::shutdown_all,
         py::call_guard<py::gil_scoped_release>(),
         "Shuts down every live dlslime process group of this process.");
+  m.attr("tensor_api") =
+      py::reinterpret_steal<py::object>(dlslime_shim::tensor_api_capsule());
 }

@@ -51,6 +51,18 @@ static int load_dtypes(PyObject *torch)
     return rc;
 }
 
+/* The shim's table, or NULL (no error) where the shim is not there: the
+ * codec then makes tensors through torch's Python API. */
+static const slime_tensor_api_t *load_tensor_api(void)
+{
+    const slime_tensor_api_t *api = PyCapsule_Import(SLIME_TENSOR_API_CAPSULE, 0);
+    if (!api || api->version != SLIME_TENSOR_API_VERSION) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return api;
+}
+
 static int load_torch(PyObject *torch)
 {
     codec_state_t *s = &codec_state;
@@ -68,6 +80,7 @@ static int load_torch(PyObject *torch)
         Py_DECREF(tensor);
         return -1;
     }
+    s->tensor_api = load_tensor_api();
     s->tensor_type = tensor;   /* set last: it says the rest is there */
     return 0;
 }
@@ -176,7 +189,19 @@ static const struct {
     {offsetof(codec_state_t, s_view), "view"},
 };
 
+static PyObject *codec_tensor_path(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    if (codec_need_torch() < 0)
+        return NULL;
+    return PyUnicode_FromString(codec_state.tensor_api ? "aten" : "python");
+}
+
 static PyMethodDef codec_methods[] = {
+    {"codec_tensor_path", codec_tensor_path, METH_NOARGS,
+     "codec_tensor_path() -> 'aten' where the codec makes and reads tensors through the shim's ATen calls, "
+     "'python' where through torch's Python API (no shim).  Imports torch."},
     {"codec_encode", (PyCFunction)(void (*)(void))slime_py_codec_encode, METH_FASTCALL,
      "codec_encode(obj, pickle_body) -> (head, tail): obj as an rpc message (dlslime_torch.rpc.codec); "
      "tail is None or a buffer over the largest tensor's bytes, sent after head.  pickle_body(obj, tensors) "

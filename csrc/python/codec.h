@@ -30,6 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensor_api.h"
+
 #define CODEC_MAGIC "SRP2"
 #define CODEC_HEAD_LEN 24
 #define CODEC_SEG_LEN 16
@@ -58,6 +60,7 @@ typedef struct {
     PyObject *tensor_type;      /* torch.Tensor, once torch is imported */
     PyObject *frombuffer;       /* torch.frombuffer */
     PyObject *kw_frombuffer;    /* ("dtype", "count", "offset") */
+    const slime_tensor_api_t *tensor_api;   /* the shim's, or NULL */
     PyObject *s_torch, *s_dtype, *s_shape, *s_is_cpu, *s_is_contiguous, *s_is_conj, *s_is_neg,
         *s_data_ptr, *s_new_empty, *s_nbytes, *s_view;
 } codec_state_t;

@@ -132,9 +132,52 @@ static PyObject *plain_tensor(PyObject *t, int *code)
     return cur;
 }
 
-/* Adds tensor obj as the next segment; its plain tensor (borrowed, the
- * segment keeps it) in *plain, its dtype's wire code in *code. */
-static int add_segment(enc_t *e, PyObject *obj, PyObject **plain, int *code)
+/* What walk_tensor writes of a segment's tensor. */
+typedef struct {
+    int code;                       /* its dtype's wire code, -1: none */
+    int ndim;                       /* -1: more than CODEC_NDIM_MAX */
+    int64_t dims[CODEC_NDIM_MAX];
+} enc_shape_t;
+
+_Static_assert(CODEC_NDIM_MAX == SLIME_TENSOR_API_NDIM_MAX, "one limit on dims");
+
+/* t's shape, through Python. */
+static int read_shape(PyObject *t, enc_shape_t *sh)
+{
+    PyObject *shape = PyObject_GetAttr(t, codec_state.s_shape);
+    if (!shape)
+        return -1;
+    Py_ssize_t ndim = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : -1;
+    sh->ndim = ndim <= CODEC_NDIM_MAX ? (int)ndim : -1;
+    for (int i = 0; i < sh->ndim; i++)
+        sh->dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+    Py_DECREF(shape);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* The segment of a tensor that is not plain, or of any tensor without the
+ * shim: its plain copy, found through torch's Python API. */
+static int segment_by_python(PyObject *obj, enc_seg_t *seg, enc_shape_t *sh)
+{
+    PyObject *t = plain_tensor(obj, &sh->code);
+    if (!t)
+        return -1;
+    PyObject *ptr = PyObject_CallMethodNoArgs(t, codec_state.s_data_ptr);
+    PyObject *nbytes = ptr ? PyObject_GetAttr(t, codec_state.s_nbytes) : NULL;
+    size_t n = nbytes ? PyLong_AsSize_t(nbytes) : (size_t)-1;
+    void *p = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
+    Py_XDECREF(ptr);
+    Py_XDECREF(nbytes);
+    if (PyErr_Occurred() || read_shape(t, sh) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    *seg = (enc_seg_t){.tensor = t, .ptr = p, .nbytes = n};
+    return 0;
+}
+
+/* Adds tensor obj as the next segment (it keeps the plain tensor). */
+static int add_segment(enc_t *e, PyObject *obj, enc_shape_t *sh)
 {
     if (e->nseg == e->segcap) {
         size_t cap = e->segcap ? 2 * e->segcap : 4;
@@ -146,51 +189,41 @@ static int add_segment(enc_t *e, PyObject *obj, PyObject **plain, int *code)
         e->segs = segs;
         e->segcap = cap;
     }
-    PyObject *t = plain_tensor(obj, code);
-    if (!t)
+    const slime_tensor_api_t *api = codec_state.tensor_api;
+    slime_tensor_desc_t d;
+    int plain = api ? api->describe(obj, &d) : 0;
+    if (plain < 0)
         return -1;
-    PyObject *ptr = PyObject_CallMethodNoArgs(t, codec_state.s_data_ptr);
-    PyObject *nbytes = ptr ? PyObject_GetAttr(t, codec_state.s_nbytes) : NULL;
-    size_t n = nbytes ? PyLong_AsSize_t(nbytes) : (size_t)-1;
-    void *p = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
-    Py_XDECREF(ptr);
-    Py_XDECREF(nbytes);
-    if (PyErr_Occurred()) {
-        Py_DECREF(t);
-        return -1;
+    if (!plain) {
+        if (segment_by_python(obj, &e->segs[e->nseg], sh) < 0)
+            return -1;
+        e->nseg++;
+        return 0;
     }
-    e->segs[e->nseg++] = (enc_seg_t){.tensor = t, .ptr = p, .nbytes = n};
-    *plain = t;
+    sh->code = codec_dtype_code(d.dtype);
+    sh->ndim = d.ndim;
+    memcpy(sh->dims, d.dims, sizeof(int64_t) * (size_t)d.ndim);
+    e->segs[e->nseg++] = (enc_seg_t){.tensor = Py_NewRef(obj), .ptr = d.data, .nbytes = d.nbytes};
     return 0;
 }
 
 static int walk_tensor(enc_t *e, PyObject *obj)
 {
-    PyObject *t;
-    int code;
-    if (add_segment(e, obj, &t, &code) < 0)
+    enc_shape_t sh;
+    if (add_segment(e, obj, &sh) < 0)
         return WALK_ERROR;
-    PyObject *shape = PyObject_GetAttr(t, codec_state.s_shape);
-    if (!shape)
+    if (sh.code < 0 || sh.ndim < 0)
+        return WALK_FALLBACK;
+    if (grow(e, 7 + 8 * (size_t)sh.ndim) < 0)
         return WALK_ERROR;
-    Py_ssize_t ndim = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : -1;
-    if (code < 0 || ndim < 0 || ndim > CODEC_NDIM_MAX || grow(e, 7 + 8 * (size_t)ndim) < 0) {
-        Py_DECREF(shape);
-        return PyErr_Occurred() ? WALK_ERROR : WALK_FALLBACK;
-    }
     unsigned char *p = e->buf + e->len;
     p[0] = TAG_TENSOR;
-    p[1] = (unsigned char)code;
-    p[2] = (unsigned char)ndim;
+    p[1] = (unsigned char)sh.code;
+    p[2] = (unsigned char)sh.ndim;
     codec_put_u32(p + 3, (uint32_t)(e->nseg - 1));
-    for (Py_ssize_t i = 0; i < ndim; i++) {
-        long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-        codec_put_u64(p + 7 + 8 * i, (uint64_t)d);
-    }
-    Py_DECREF(shape);
-    if (PyErr_Occurred())
-        return WALK_ERROR;
-    e->len += 7 + 8 * (size_t)ndim;
+    for (int i = 0; i < sh.ndim; i++)
+        codec_put_u64(p + 7 + 8 * i, (uint64_t)sh.dims[i]);
+    e->len += 7 + 8 * (size_t)sh.ndim;
     return WALK_OK;
 }
 
@@ -321,9 +354,8 @@ static int pickle_into(enc_t *e, PyObject *obj, PyObject *pickle_body)
     }
     PyBuffer_Release(&view);
     for (Py_ssize_t i = 0; !PyErr_Occurred() && i < PyList_GET_SIZE(tensors); i++) {
-        PyObject *plain;
-        int code;
-        add_segment(e, PyList_GET_ITEM(tensors, i), &plain, &code);
+        enc_shape_t sh;
+        add_segment(e, PyList_GET_ITEM(tensors, i), &sh);
     }
     Py_DECREF(tensors);
     return PyErr_Occurred() ? -1 : 0;

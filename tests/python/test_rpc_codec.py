@@ -3,10 +3,15 @@ csrc/python/codec*.c) in one process: every kind it has a tag for comes
 back equal and of the same type as a pickle round trip gives (the
 reference), through the tagged path; everything else through the pickle
 path, tensors out of band either way; the tail is the largest tensor,
-sent from its own memory."""
+sent from its own memory.  The codec reads and makes tensors through the
+shim's ATen calls where the shim loads, else through torch's Python API:
+this module runs once more in a process without the shim."""
 
 import enum
+import os
 import pickle
+import subprocess
+import sys
 from collections import OrderedDict, namedtuple
 
 import pytest
@@ -130,3 +135,26 @@ def test_below_the_tail_threshold_all_in_the_head():
     head, tail = codec.encode((t,))
     assert tail is None and len(head) > t.nbytes
     assert _same((t,), codec.decode(bytearray(head)))
+
+
+def test_tensor_path_is_aten_with_the_shim():
+    from dlslime_torch import _C
+    try:
+        import dlslime_torch._shim  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"the shim does not load here: {exc}")
+    assert _C.codec_tensor_path() == "aten"
+
+
+def test_the_same_through_the_python_path():
+    """Every case above in a process where the shim cannot load."""
+    if os.environ.get("DLSLIME_CODEC_NO_SHIM"):
+        from dlslime_torch import _C
+        assert _C.codec_tensor_path() == "python"
+        return
+    block = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_shim")
+    env = dict(os.environ, DLSLIME_CODEC_NO_SHIM="1",
+               PYTHONPATH=block + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                        "-k", "not aten_with_the_shim"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
