@@ -35,6 +35,31 @@ PyObject* new_copy(PyObject* dtype, int ndim, const int64_t* dims, const void* s
   }
 }
 
+PyObject* alias(PyObject* dtype, int ndim, const int64_t* dims, void* data, PyObject* owner) {
+  if (!THPDtype_Check(dtype)) {
+    PyErr_SetString(PyExc_TypeError, "tensor_api.alias: not a torch.dtype");
+    return nullptr;
+  }
+  try {
+    Py_INCREF(owner);
+    // the storage may be freed in any thread, with or without the GIL
+    auto release = [owner](void*) {
+      PyGILState_STATE gil = PyGILState_Ensure();
+      Py_DECREF(owner);
+      PyGILState_Release(gil);
+    };
+    // (should from_blob throw, owner keeps one reference too many: a
+    // leak, where dropping it could free owner twice once the deleter is
+    // taken; the dims were checked against the bytes already)
+    at::Tensor t = at::from_blob(data, c10::IntArrayRef(dims, static_cast<size_t>(ndim)), release,
+                                 at::TensorOptions().dtype(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
+    return THPVariable_Wrap(std::move(t));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
 int describe(PyObject* obj, slime_tensor_desc_t* out) {
   if (!THPVariable_Check(obj)) {
     PyErr_SetString(PyExc_TypeError, "tensor_api.describe: not a torch.Tensor");
@@ -57,7 +82,7 @@ int describe(PyObject* obj, slime_tensor_desc_t* out) {
   }
 }
 
-const slime_tensor_api_t api = {SLIME_TENSOR_API_VERSION, describe, new_copy};
+const slime_tensor_api_t api = {SLIME_TENSOR_API_VERSION, describe, new_copy, alias};
 
 }  // namespace
 

@@ -41,6 +41,10 @@ typedef struct slime_tensor_api {
     /* A new contiguous CPU tensor of dtype (a torch.dtype) and dims,
      * holding a copy of the nbytes at src (its size in bytes). */
     PyObject *(*new_copy)(PyObject *dtype, int ndim, const int64_t *dims, const void *src, size_t nbytes);
+    /* A CPU tensor of dtype and dims over the memory at data, which
+     * owner keeps valid: the tensor holds a reference to owner until its
+     * storage is freed. */
+    PyObject *(*alias)(PyObject *dtype, int ndim, const int64_t *dims, void *data, PyObject *owner);
 } slime_tensor_api_t;
 
 #endif /* SLIME_PY_TENSOR_API_H */

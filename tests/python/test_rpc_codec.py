@@ -158,3 +158,17 @@ def test_the_same_through_the_python_path():
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                         "-k", "not aten_with_the_shim"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_a_large_decoded_tensor_holds_the_message_while_it_lives():
+    """A tensor of TAIL_MIN bytes or more is the message's memory: the
+    message stays (a bytearray cannot be resized under it) while the
+    tensor lives, and is let go when the tensor dies."""
+    t = torch.randn(codec.TAIL_MIN // 4).view(4, -1)
+    msg, _ = _message(((t,), {}))
+    got = codec.decode(msg)[0][0]
+    assert torch.equal(got, t)
+    with pytest.raises(BufferError):
+        msg.extend(b"x")
+    del got
+    msg.extend(b"x")   # no export left: the tensor's storage released it
