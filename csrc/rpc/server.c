@@ -377,7 +377,6 @@ static bool head_done_locked(const slime_rpc_server_t *srv) {
     return head && req_done(head->req);
 }
 
-/* The wait predicate (see rpc_internal.h: look, never post or block). */
 /* Under srv->mu: a request is there to take. */
 static bool ready_locked(slime_rpc_server_t *srv) {
     bool ready = head_done_locked(srv);
@@ -388,6 +387,7 @@ static bool ready_locked(slime_rpc_server_t *srv) {
     return ready;
 }
 
+/* The wait predicate (see rpc_internal.h: look, never post or block). */
 static bool server_ready(void *arg) {
     slime_rpc_server_t *srv = arg;
     if (atomic_load(&srv->closing)) return true;
@@ -473,8 +473,8 @@ slime_status_t slime_rpc_server_create(slime_ctx_t *ctx, uint16_t port, uint64_t
  * callers need: a second idle thread made a 1 KiB call 1.7x slower on 2
  * cores.  Waking a follower each time the leader leaves with a call cost
  * as much (a wake-up per call), so the leader wakes one only when more
- * requests wait (wake_follower_locked), and a follower looks by itself
- * every FOLLOW_SLICE_NS. */
+ * requests wait (hand_over_locked), and a follower looks by itself every
+ * FOLLOW_SLICE_NS. */
 static void wait_locked(slime_rpc_server_t *srv, uint64_t deadline) {
     if (srv->leading) {
         srv->following++;
@@ -490,6 +490,14 @@ static void wait_locked(slime_rpc_server_t *srv, uint64_t deadline) {
     ctx_wait_until(srv->ctx, server_ready, srv, deadline);
     pthread_mutex_lock(&srv->mu);
     srv->leading = false;
+}
+
+/* Under srv->mu, leaving slime_rpc_server_next: while nobody leads, a
+ * follower is woken to lead if a request waits still (took_call) or at
+ * all (a timeout: the follower's own deadline may be later). */
+static void hand_over_locked(slime_rpc_server_t *srv, bool took_call) {
+    if (srv->following && !srv->leading && (!took_call || ready_locked(srv)))
+        pthread_cond_signal(&srv->follow_cond);
 }
 
 slime_status_t slime_rpc_server_next(slime_rpc_server_t *srv, int64_t timeout_ms, slime_rpc_call_t **out) {
@@ -516,12 +524,12 @@ slime_status_t slime_rpc_server_next(slime_rpc_server_t *srv, int64_t timeout_ms
         if (call) {
             *out = call;
             st = SLIME_OK;
-            if (srv->following && !srv->leading && ready_locked(srv)) pthread_cond_signal(&srv->follow_cond);
+            hand_over_locked(srv, true);
             break;
         }
         if (now_ns() >= deadline) {
             st = SLIME_ERR_TIMEOUT;
-            if (srv->following && !srv->leading) pthread_cond_signal(&srv->follow_cond);
+            hand_over_locked(srv, false);
             break;
         }
         wait_locked(srv, deadline);

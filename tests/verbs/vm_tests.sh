@@ -61,11 +61,12 @@ t0=$(now)
 # the network-namespace test is tcp-only and runs in the ordinary stage;
 # the RPC API tests (processes meeting through a TCPStore: calls, streams,
 # jobs, tensor tails) take minutes under emulation and add nothing on verbs
-# to test_rpc_c.py and test_rpc_c_parts.py, which run
+# to test_rpc_c.py and test_rpc_c_parts.py, which run; the codec's tests
+# use no transport at all (and one of them imports torch afresh: a minute)
 DLSLIME_TEST_TRANSPORTS=verbs "$PYTHON" -m pytest -q -p no:cacheprovider --durations=5 tests/python \
     --ignore=tests/python/test_c_netns.py --ignore=tests/python/test_rpc_api.py \
     --ignore=tests/python/test_rpc_stream.py --ignore=tests/python/test_rpc_jobs.py \
-    --ignore=tests/python/test_rpc_datapath.py ||
+    --ignore=tests/python/test_rpc_datapath.py --ignore=tests/python/test_rpc_codec.py ||
     failed+=("Python tests on verbs")
 echo "Python tests on verbs: $(($(now) - t0)) s"
 
