@@ -7,13 +7,13 @@ are written with tags, with no Python code per object.  Anything else
 (a class, a subclass of those types, an int beyond 64 bits) makes the
 whole message a pickle, whose tensors still travel out of band: a flag
 in the message's head says which.  The receiver rebuilds a tensor of
-TAIL_MIN bytes or more with torch.frombuffer over the received memory
-(no copy; the memory lives as long as the tensor) and copies a smaller
-one; a pickled message's tensors are all rebuilt over the memory.  torch
-is imported only when a message holds tensors.  Where the shim
-(dlslime_torch._shim) loads, the C codec reads and makes tensors through
-its ATen calls rather than torch's Python API (about half the time for a
-small tensor); _C.codec_tensor_path() says which path is in use.
+TAIL_MIN bytes or more over the received memory (no copy; the memory
+lives as long as the tensor) and copies a smaller one; a pickled
+message's tensors are all rebuilt over the memory.  torch is imported
+only when a message holds tensors.  Where the shim (dlslime_torch._shim)
+loads, the C codec reads and makes tensors through its ATen calls, else
+through torch's Python API (new_empty, torch.frombuffer: two to three
+times the time a tensor); _C.codec_tensor_path() says which.
 
 The largest tensor of TAIL_MIN bytes or more is the message's tail: its
 segment comes last and is sent straight from the tensor's memory
