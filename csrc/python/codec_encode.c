@@ -327,8 +327,9 @@ static int walk(enc_t *e, PyObject *obj, int depth)
         return walk_seq(e, obj, TAG_LIST, depth);
     if (PyDict_CheckExact(obj))
         return walk_dict(e, obj, depth);
+    /* a subclass (nn.Parameter) pickles, and so comes back as itself */
     if (e->tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)e->tensor_type))
-        return walk_tensor(e, obj);
+        return Py_IS_TYPE(obj, (PyTypeObject *)e->tensor_type) ? walk_tensor(e, obj) : WALK_FALLBACK;
     return walk_scalar(e, obj);
 }
 

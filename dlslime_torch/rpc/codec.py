@@ -42,7 +42,9 @@ def _dtype(torch, name):
 
 def pickle_body(obj, tensors):
     """The pickle of obj; its tensors are appended to tensors (the C
-    codec sends them as segments) and pickled as their index."""
+    codec sends them as segments) and pickled as their index.  A tensor
+    subclass (nn.Parameter) pickles by its own reduce, whose plain tensor
+    inside is a segment, so it comes back as its class."""
     f = io.BytesIO()
     p = pickle.Pickler(f, _PROTO)
     torch = sys.modules.get("torch")
@@ -50,7 +52,7 @@ def pickle_body(obj, tensors):
         tensor_type = torch.Tensor
 
         def persistent_id(o):
-            if not isinstance(o, tensor_type):
+            if type(o) is not tensor_type:
                 return None
             t = o if o.is_cpu and o.is_contiguous() else o.detach().cpu().contiguous()
             tensors.append(t)

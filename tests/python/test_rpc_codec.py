@@ -40,7 +40,8 @@ def _same(a, b):
     """Equal, of the same types all the way down (tensors: dtype, shape,
     bytes)."""
     if isinstance(a, torch.Tensor):
-        return type(b) is torch.Tensor and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return (type(b) is type(a) and a.dtype == b.dtype and a.shape == b.shape
+                and a.requires_grad == b.requires_grad and torch.equal(a, b))
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):
@@ -72,6 +73,7 @@ PICKLED = {
     "intenum": Color.RED, "class": OrderedDict, "surrogate": "\ud800", "bytearray": bytearray(b"ab"),
     "too deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
     "tensor in a set-holding dict": {"s": frozenset([1]), "t": torch.randn(5, 5)},
+    "parameters": [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.ones(4), requires_grad=False)],
 }
 
 
@@ -172,3 +174,13 @@ def test_a_large_decoded_tensor_holds_the_message_while_it_lives():
         msg.extend(b"x")
     del got
     msg.extend(b"x")   # no export left: the tensor's storage released it
+
+
+def test_a_parameter_comes_back_a_parameter_its_data_out_of_band():
+    p = torch.nn.Parameter(torch.randn(codec.TAIL_MIN // 4))
+    head, tail = codec.encode(((p,), {}))
+    assert int.from_bytes(head[4:8], "little") == F_PICKLE
+    assert tail is not None and memoryview(tail).nbytes == p.nbytes   # its bytes, sent from its memory
+    assert len(head) < 4096
+    got = codec.decode(bytearray(head) + bytes(memoryview(tail)))[0][0]
+    assert type(got) is torch.nn.Parameter and got.requires_grad and torch.equal(got, p)
