@@ -11,6 +11,7 @@
  */
 #include "codec.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 typedef struct {
@@ -106,43 +107,44 @@ static PyObject *decode_str(dec_t *d, int is_bytes)
     return PyUnicode_DecodeUTF8((const char *)at, (Py_ssize_t)n, "strict");
 }
 
-/* The shape's element count, or -1 where it overflows. */
-static int64_t numel(PyObject *shape)
+/* A tensor's dims as the message gives them (checked: none negative). */
+typedef struct {
+    int ndim;
+    int64_t dims[CODEC_NDIM_MAX];
+} dec_shape_t;
+
+/* The element count, or -1 where it overflows. */
+static int64_t numel(const dec_shape_t *sh)
 {
     int64_t n = 1;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); i++) {
-        int64_t dim = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-        if (dim == 0)
+    for (int i = 0; i < sh->ndim; i++) {
+        if (sh->dims[i] == 0)
             return 0;
-        if (__builtin_mul_overflow(n, dim, &n))
+        if (__builtin_mul_overflow(n, sh->dims[i], &n))
             n = -1;
     }
     return n;
 }
 
+/* The dims as a tuple, for torch's Python API. */
+static PyObject *shape_tuple(const dec_shape_t *sh)
+{
+    PyObject *shape = PyTuple_New(sh->ndim);
+    for (int i = 0; shape && i < sh->ndim; i++) {
+        PyObject *v = PyLong_FromLongLong(sh->dims[i]);
+        if (!v)
+            Py_CLEAR(shape);
+        else
+            PyTuple_SET_ITEM(shape, i, v);
+    }
+    return shape;
+}
+
 /* A new tensor of shape, of like's dtype, holding a copy of the nbytes
- * at src.  The dims go as separate arguments: torch parses a tuple, or
- * a dtype= keyword, much slower. */
-/* shape's dims (read_shape made them: in range). */
-static void shape_dims(PyObject *shape, int64_t *dims)
+ * at src, through torch's Python API.  The dims go as separate
+ * arguments: torch parses a tuple, or a dtype= keyword, much slower. */
+static PyObject *copied_by_python(PyObject *like, PyObject *shape, const unsigned char *src, size_t nbytes)
 {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); i++)
-        dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-}
-
-/* A copy through the shim's ATen call: half the time of new_empty. */
-static PyObject *copied_by_shim(PyObject *dtype, PyObject *shape, const unsigned char *src, size_t nbytes)
-{
-    int64_t dims[CODEC_NDIM_MAX];
-    shape_dims(shape, dims);
-    return codec_state.tensor_api->new_copy(dtype, (int)PyTuple_GET_SIZE(shape), dims, src, nbytes);
-}
-
-static PyObject *copied_tensor(const codec_dtype_t *dt, PyObject *shape, const unsigned char *src, size_t nbytes)
-{
-    if (codec_state.tensor_api)
-        return copied_by_shim(dt->dtype, shape, src, nbytes);
-    PyObject *like = dt->like;
     Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
     PyObject *args[CODEC_NDIM_MAX + 1] = {like, shape};   /* a scalar: like.new_empty(()) */
     for (Py_ssize_t i = 0; i < ndim; i++)
@@ -162,25 +164,11 @@ static PyObject *copied_tensor(const codec_dtype_t *dt, PyObject *shape, const u
     return t;
 }
 
-/* The same through the shim's ATen call (a third of the time); the
- * tensor keeps view, and so the message's memory, alive. */
-static PyObject *aliased_by_shim(PyObject *view, PyObject *dtype, PyObject *shape, uint64_t offset)
-{
-    int64_t dims[CODEC_NDIM_MAX];
-    shape_dims(shape, dims);
-    char *base = PyMemoryView_GET_BUFFER(view)->buf;
-    return codec_state.tensor_api->alias(dtype, (int)PyTuple_GET_SIZE(shape), dims, base + offset, view);
-}
-
-/* A tensor over the message's bytes at offset (torch.frombuffer: it
- * keeps the message alive), viewed as shape. */
-static PyObject *aliased_tensor(dec_t *d, PyObject *dtype, PyObject *shape, uint64_t offset, int64_t n)
+/* A tensor over the message's bytes at offset (torch.frombuffer over
+ * d->view: it keeps the message alive), viewed as shape. */
+static PyObject *aliased_by_python(dec_t *d, PyObject *dtype, PyObject *shape, uint64_t offset, int64_t n)
 {
     codec_state_t *s = &codec_state;
-    if (!d->view && !(d->view = PyMemoryView_FromObject(d->msg)))
-        return NULL;
-    if (s->tensor_api)
-        return aliased_by_shim(d->view, dtype, shape, offset);
     PyObject *cnt = PyLong_FromLongLong(n);
     PyObject *off = cnt ? PyLong_FromUnsignedLongLong(offset) : NULL;
     PyObject *flat = NULL;
@@ -203,32 +191,48 @@ static PyObject *aliased_tensor(dec_t *d, PyObject *dtype, PyObject *shape, uint
 }
 
 /* A tensor of n elements from the segment at offset: one of TAIL_MIN
- * bytes or more is used where it lies (no copy of a large tensor); a
- * smaller one is copied, which costs fewer torch calls than a view of
- * the message and does not keep the whole message alive. */
-static PyObject *make_tensor(dec_t *d, const codec_dtype_t *dt, PyObject *shape, uint64_t offset, int64_t n,
+ * bytes or more is used where it lies (no copy of a large tensor; it
+ * keeps a memoryview of the message); a smaller one is copied, which
+ * costs fewer torch calls than a view of the message and does not keep
+ * the whole message alive.  Through the shim's ATen calls where it
+ * loaded (a half to a third of the time), else torch's Python API. */
+static PyObject *make_tensor(dec_t *d, const codec_dtype_t *dt, const dec_shape_t *sh, uint64_t offset, int64_t n,
                              size_t nbytes)
 {
-    if (nbytes < CODEC_TAIL_MIN)
-        return copied_tensor(dt, shape, d->base + offset, nbytes);
-    return aliased_tensor(d, dt->dtype, shape, offset, n);
+    const slime_tensor_api_t *api = codec_state.tensor_api;
+    bool copy = nbytes < CODEC_TAIL_MIN;
+    if (!copy && !d->view && !(d->view = PyMemoryView_FromObject(d->msg)))
+        return NULL;
+    if (api && copy)
+        return api->new_copy(dt->dtype, sh->ndim, sh->dims, d->base + offset, nbytes);
+    if (api)
+        return api->alias(dt->dtype, sh->ndim, sh->dims, (char *)PyMemoryView_GET_BUFFER(d->view)->buf + offset,
+                          d->view);
+    PyObject *shape = shape_tuple(sh);
+    if (!shape)
+        return NULL;
+    PyObject *t = copy ? copied_by_python(dt->like, shape, d->base + offset, nbytes)
+                       : aliased_by_python(d, dt->dtype, shape, offset, n);
+    Py_DECREF(shape);
+    return t;
 }
 
-static PyObject *read_shape(dec_t *d, size_t ndim)
+/* The ndim dims at the cursor into *sh; -1 (an error set) where they
+ * are not there or one is negative. */
+static int read_dims(dec_t *d, unsigned ndim, dec_shape_t *sh)
 {
     const unsigned char *at;
-    if (take(d, 8 * ndim, &at) < 0)
-        return NULL;
-    PyObject *shape = PyTuple_New((Py_ssize_t)ndim);
-    for (size_t i = 0; shape && i < ndim; i++) {
-        int64_t dim = (int64_t)codec_get_u64(at + 8 * i);
-        PyObject *v = dim >= 0 ? PyLong_FromLongLong(dim) : bad("a negative tensor dimension");
-        if (!v)
-            Py_CLEAR(shape);
-        else
-            PyTuple_SET_ITEM(shape, (Py_ssize_t)i, v);
+    if (take(d, 8 * (size_t)ndim, &at) < 0)
+        return -1;
+    sh->ndim = (int)ndim;
+    for (unsigned i = 0; i < ndim; i++) {
+        sh->dims[i] = (int64_t)codec_get_u64(at + 8 * i);
+        if (sh->dims[i] < 0) {
+            bad("a negative tensor dimension");
+            return -1;
+        }
     }
-    return shape;
+    return 0;
 }
 
 /* Everything is checked before torch is imported: a malformed message
@@ -244,24 +248,20 @@ static PyObject *decode_tensor(dec_t *d)
         return bad("a tensor of an unknown dtype");
     if (ndim > CODEC_NDIM_MAX || seg >= d->nseg)
         return bad(ndim > CODEC_NDIM_MAX ? "a tensor of too many dimensions" : "a tensor names no segment");
-    PyObject *shape = read_shape(d, ndim);
-    if (!shape)
+    dec_shape_t sh;
+    if (read_dims(d, ndim, &sh) < 0)
         return NULL;
     uint64_t offset = codec_get_u64(d->segs + CODEC_SEG_LEN * seg);
     uint64_t nbytes = codec_get_u64(d->segs + CODEC_SEG_LEN * seg + 8);
-    int64_t n = numel(shape), total;
-    PyObject *t;
+    int64_t n = numel(&sh), total;
     if (n < 0 || __builtin_mul_overflow(n, (int64_t)codec_dtypes[code].itemsize, &total)
         || (uint64_t)total != nbytes)
-        t = bad("a tensor's shape does not match its segment");
-    else if (codec_need_torch() < 0)
-        t = NULL;
-    else if (!codec_dtypes[code].dtype)
-        t = bad("a tensor of a dtype this torch lacks");
-    else
-        t = make_tensor(d, &codec_dtypes[code], shape, offset, n, (size_t)nbytes);
-    Py_DECREF(shape);
-    return t;
+        return bad("a tensor's shape does not match its segment");
+    if (codec_need_torch() < 0)
+        return NULL;
+    if (!codec_dtypes[code].dtype)
+        return bad("a tensor of a dtype this torch lacks");
+    return make_tensor(d, &codec_dtypes[code], &sh, offset, n, (size_t)nbytes);
 }
 
 static PyObject *decode_number(dec_t *d, int is_float)

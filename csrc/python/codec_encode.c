@@ -156,10 +156,12 @@ static int read_shape(PyObject *t, enc_shape_t *sh)
 }
 
 /* The segment of a tensor that is not plain, or of any tensor without the
- * shim: its plain copy, found through torch's Python API. */
+ * shim: its plain copy, found through torch's Python API.  sh: NULL
+ * where nobody writes the shape (the pickle path). */
 static int segment_by_python(PyObject *obj, enc_seg_t *seg, enc_shape_t *sh)
 {
-    PyObject *t = plain_tensor(obj, &sh->code);
+    int code;
+    PyObject *t = plain_tensor(obj, &code);
     if (!t)
         return -1;
     PyObject *ptr = PyObject_CallMethodNoArgs(t, codec_state.s_data_ptr);
@@ -168,15 +170,18 @@ static int segment_by_python(PyObject *obj, enc_seg_t *seg, enc_shape_t *sh)
     void *p = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
     Py_XDECREF(ptr);
     Py_XDECREF(nbytes);
-    if (PyErr_Occurred() || read_shape(t, sh) < 0) {
+    if (PyErr_Occurred() || (sh && read_shape(t, sh) < 0)) {
         Py_DECREF(t);
         return -1;
     }
+    if (sh)
+        sh->code = code;
     *seg = (enc_seg_t){.tensor = t, .ptr = p, .nbytes = n};
     return 0;
 }
 
-/* Adds tensor obj as the next segment (it keeps the plain tensor). */
+/* Adds tensor obj as the next segment (it keeps the plain tensor); its
+ * shape in *sh unless sh is NULL. */
 static int add_segment(enc_t *e, PyObject *obj, enc_shape_t *sh)
 {
     if (e->nseg == e->segcap) {
@@ -200,9 +205,11 @@ static int add_segment(enc_t *e, PyObject *obj, enc_shape_t *sh)
         e->nseg++;
         return 0;
     }
-    sh->code = codec_dtype_code(d.dtype);
-    sh->ndim = d.ndim;
-    memcpy(sh->dims, d.dims, sizeof(int64_t) * (size_t)d.ndim);
+    if (sh) {
+        sh->code = codec_dtype_code(d.dtype);
+        sh->ndim = d.ndim;
+        memcpy(sh->dims, d.dims, sizeof(int64_t) * (size_t)d.ndim);
+    }
     e->segs[e->nseg++] = (enc_seg_t){.tensor = Py_NewRef(obj), .ptr = d.data, .nbytes = d.nbytes};
     return 0;
 }
@@ -354,10 +361,8 @@ static int pickle_into(enc_t *e, PyObject *obj, PyObject *pickle_body)
         e->len = (size_t)view.len;
     }
     PyBuffer_Release(&view);
-    for (Py_ssize_t i = 0; !PyErr_Occurred() && i < PyList_GET_SIZE(tensors); i++) {
-        enc_shape_t sh;
-        add_segment(e, PyList_GET_ITEM(tensors, i), &sh);
-    }
+    for (Py_ssize_t i = 0; !PyErr_Occurred() && i < PyList_GET_SIZE(tensors); i++)
+        add_segment(e, PyList_GET_ITEM(tensors, i), NULL);
     Py_DECREF(tensors);
     return PyErr_Occurred() ? -1 : 0;
 }
