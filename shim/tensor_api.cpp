@@ -15,14 +15,23 @@
 namespace dlslime_shim {
 namespace {
 
-PyObject* new_copy(PyObject* dtype, int ndim, const int64_t* dims, const void* src, size_t nbytes) {
+// A CPU tensor of dtype's options; false (a TypeError set) where dtype
+// is not a torch.dtype.
+bool options_of(PyObject* dtype, const char* who, at::TensorOptions* out) {
   if (!THPDtype_Check(dtype)) {
-    PyErr_SetString(PyExc_TypeError, "tensor_api.new_copy: not a torch.dtype");
-    return nullptr;
+    PyErr_Format(PyExc_TypeError, "tensor_api.%s: not a torch.dtype", who);
+    return false;
   }
+  *out = at::TensorOptions().dtype(reinterpret_cast<THPDtype*>(dtype)->scalar_type);
+  return true;
+}
+
+PyObject* new_copy(PyObject* dtype, int ndim, const int64_t* dims, const void* src, size_t nbytes) {
+  at::TensorOptions options;
+  if (!options_of(dtype, "new_copy", &options))
+    return nullptr;
   try {
-    at::Tensor t = at::empty(c10::IntArrayRef(dims, static_cast<size_t>(ndim)),
-                             at::TensorOptions().dtype(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
+    at::Tensor t = at::empty(c10::IntArrayRef(dims, static_cast<size_t>(ndim)), options);
     if (t.nbytes() != nbytes) {
       PyErr_SetString(PyExc_ValueError, "tensor_api.new_copy: the bytes do not match the shape");
       return nullptr;
@@ -36,10 +45,9 @@ PyObject* new_copy(PyObject* dtype, int ndim, const int64_t* dims, const void* s
 }
 
 PyObject* alias(PyObject* dtype, int ndim, const int64_t* dims, void* data, PyObject* owner) {
-  if (!THPDtype_Check(dtype)) {
-    PyErr_SetString(PyExc_TypeError, "tensor_api.alias: not a torch.dtype");
+  at::TensorOptions options;
+  if (!options_of(dtype, "alias", &options))
     return nullptr;
-  }
   try {
     Py_INCREF(owner);
     // the storage may be freed in any thread, with or without the GIL
@@ -51,8 +59,7 @@ PyObject* alias(PyObject* dtype, int ndim, const int64_t* dims, void* data, PyOb
     // (should from_blob throw, owner keeps one reference too many: a
     // leak, where dropping it could free owner twice once the deleter is
     // taken; the dims were checked against the bytes already)
-    at::Tensor t = at::from_blob(data, c10::IntArrayRef(dims, static_cast<size_t>(ndim)), release,
-                                 at::TensorOptions().dtype(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
+    at::Tensor t = at::from_blob(data, c10::IntArrayRef(dims, static_cast<size_t>(ndim)), release, options);
     return THPVariable_Wrap(std::move(t));
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
