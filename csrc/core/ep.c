@@ -51,6 +51,7 @@ void ep_attach(slime_ep_t *ep, const transport_ops_t *tp, void *conn, int fd, ui
     ep->conn = conn;
     ep->fd = fd;
     ep->peer_pid = peer_pid;
+    ep->verified_pid = tp->verified_pid ? (uint32_t)tp->verified_pid(conn) : 0;
     ep->eager = ctx->tps[tp->wire].eager;
     if (tp->describe) tp->describe(conn, ep->desc, sizeof ep->desc);
     else snprintf(ep->desc, sizeof ep->desc, "%s to peer %016" PRIx64 " (pid %u)", tp->name, ep->peer_id, peer_pid);

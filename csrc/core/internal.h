@@ -249,6 +249,7 @@ struct slime_ep {
     uint64_t peer_id;
     uint64_t peer_job;          /* the job id the peer's descriptors carry */
     uint32_t peer_pid;
+    uint32_t verified_pid;      /* the transport's verified_pid, 0: none */
     bool dialing;               /* a thread of ours is dialing this peer */
     const struct transport_ops *tp; /* the context's copy of its table */
     void *conn;                 /* the transport's connection state */

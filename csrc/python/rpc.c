@@ -314,6 +314,46 @@ static slime_py_hold_t *hold_bufs(PyObject *const *objs, size_t n, int last_writ
     return hold;
 }
 
+/* Whether buf lies whole in the call's own payload. */
+static int in_payload(const RpcCallObject *self, const slime_py_buf_t *buf)
+{
+    const uint8_t *p = buf->ptr, *d = self->data;
+    return self->len && buf->len && p >= d && p <= d + self->len && buf->len <= (size_t)(d + self->len - p);
+}
+
+/* A reply that is a range of the call's own payload (an echo, a slice):
+ * the view the handler returned is released (its payload is valid during
+ * the call only), so that unless the handler kept another one the range
+ * goes back with no copy (a lent payload: in place) and nothing is
+ * detached.  Sets *ptr to the range; returns the hold that keeps it
+ * (none when no view is left, else one on the call), NULL with an error
+ * set when *ok is 0. */
+static slime_py_hold_t *hold_payload_range(RpcCallObject *self, PyObject *obj, slime_py_hold_t *hold,
+                                           const slime_py_buf_t *buf, const void **ptr, int *ok)
+{
+    size_t off = (size_t)((const uint8_t *)buf->ptr - (const uint8_t *)self->data);
+    slime_py_hold_release(hold);
+    if (PyMemoryView_Check(obj)) {
+        PyObject *r = PyObject_CallMethod(obj, "release", NULL);
+        if (r)
+            Py_DECREF(r);
+        else
+            PyErr_Clear(); /* a view of it is exported: the payload is kept */
+    }
+    *ok = 1;
+    *ptr = (const uint8_t *)self->data + off;
+    if (self->exports == 0)
+        return NULL;
+    slime_py_buf_t *b;
+    PyObject *me = (PyObject *)self;
+    if (call_keep_payload(self) < 0 || !(hold = hold_bufs(&me, 1, 0, &b))) {
+        *ok = 0;
+        return NULL;
+    }
+    *ptr = (const uint8_t *)b->ptr + off;
+    return hold;
+}
+
 /* Sends the answer (kind: 0 reply, 1 fail, 2 commit) and finishes the
  * call; the payload (obj, then tail) is held for the send, and buried if
  * it may still be read. */
@@ -329,6 +369,15 @@ static PyObject *call_finish(RpcCallObject *self, int kind, PyObject *obj, PyObj
         hold = hold_bufs(objs, 2, 0, b);
         if (!hold)
             return NULL;
+    }
+    const void *ptr = obj ? b[0]->ptr : NULL;
+    size_t len = obj ? b[0]->len : 0;
+    if (kind == 0 && obj && !b[1]->len && in_payload(self, b[0])) {
+        int ok;
+        hold = hold_payload_range(self, obj, hold, b[0], &ptr, &ok);
+        if (!ok)
+            return NULL;
+        b[1] = NULL;
     }
     if (kind == 2 && self->rbuf && self->rbuf->exports > 0) {
         slime_py_hold_release(hold);
@@ -356,9 +405,10 @@ static PyObject *call_finish(RpcCallObject *self, int kind, PyObject *obj, PyObj
     if (kind == 2)
         st = slime_rpc_call_reply_commit(call, commit_len, timeout_ms);
     else if (kind == 1)
-        st = slime_rpc_call_fail(call, b[0]->ptr, b[0]->len, timeout_ms);
+        st = slime_rpc_call_fail(call, ptr, len, timeout_ms);
     else
-        st = slime_rpc_call_reply_parts(call, b[0]->ptr, b[0]->len, b[1]->ptr, b[1]->len, timeout_ms);
+        st = slime_rpc_call_reply_parts(call, ptr, len, b[1] ? b[1]->ptr : NULL, b[1] ? b[1]->len : 0,
+                                        timeout_ms);
     Py_END_ALLOW_THREADS
     slime_py_context_leave_child(ctx, counted);
     if (st == SLIME_ERR_TIMEOUT && hold)
@@ -671,8 +721,8 @@ static PyObject *client_close(RpcClientObject *self, PyObject *Py_UNUSED(ignored
 }
 
 /* Sends objs (data, tail, out: NULL or None for none) as a call of
- * method; the new RpcRequest. */
-static PyObject *client_send(RpcClientObject *self, uint64_t method, PyObject *const *objs)
+ * method (flags: SLIME_RPC_CALL_*); the new RpcRequest. */
+static PyObject *client_send(RpcClientObject *self, uint64_t method, PyObject *const *objs, uint32_t flags)
 {
     if (!self->cli)
         return slime_py_raise(SLIME_ERR_CLOSED, "the rpc client is closed");
@@ -696,7 +746,8 @@ static PyObject *client_send(RpcClientObject *self, uint64_t method, PyObject *c
         return NULL;
     }
     slime_rpc_call_args_t a = {.size = sizeof a, .buf = b[0]->ptr, .len = b[0]->len, .tail = b[1]->ptr,
-                               .tail_len = b[1]->len, .reply_buf = b[2]->ptr, .reply_cap = b[2]->len};
+                               .tail_len = b[1]->len, .reply_buf = b[2]->ptr, .reply_cap = b[2]->len,
+                               .flags = flags};
     /* short, never blocks: the GIL stays */
     slime_status_t st = slime_rpc_call_args(self->cli, method, &a, &r->req);
     slime_py_context_end_call(self->context, 0);
@@ -710,13 +761,14 @@ static PyObject *client_send(RpcClientObject *self, uint64_t method, PyObject *c
 
 static PyObject *client_call(RpcClientObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"method_id", "data", "tail", "out", NULL};
+    static char *kwlist[] = {"method_id", "data", "tail", "out", "lend", NULL};
     uint64_t method;
     PyObject *objs[3] = {NULL, NULL, NULL}; /* data, tail, out */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O|OO:call", kwlist, slime_py_conv_u64, &method, &objs[0],
-                                     &objs[1], &objs[2]))
+    int lend = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O|OOp:call", kwlist, slime_py_conv_u64, &method, &objs[0],
+                                     &objs[1], &objs[2], &lend))
         return NULL;
-    return client_send(self, method, objs);
+    return client_send(self, method, objs, lend ? SLIME_RPC_CALL_LEND : 0);
 }
 
 /* A default method's call in one C call: (args, kwargs) encoded by the
@@ -739,16 +791,30 @@ static PyObject *client_call_obj(RpcClientObject *self, PyObject *const *args, P
     if (!parts)
         return NULL;
     PyObject *objs[3] = {PyTuple_GET_ITEM(parts, 0), PyTuple_GET_ITEM(parts, 1), NULL};
-    PyObject *r = client_send(self, method, objs);
+    PyObject *r = client_send(self, method, objs, 0); /* its tensors may outlive the call at the server */
     Py_DECREF(parts);
     return r;
 }
 
+static PyObject *client_lend_stats(RpcClientObject *self, PyObject *Py_UNUSED(ignored))
+{
+    slime_rpc_lend_stats_t st = {0};
+    bool on = self->cli && slime_rpc_client_lend_stats(self->cli, &st);
+    return Py_BuildValue("{s:O,s:K,s:K,s:K,s:K}", "on", on ? Py_True : Py_False, "lent",
+                         (unsigned long long)st.lent, "in_place", (unsigned long long)st.in_place, "kept",
+                         (unsigned long long)st.kept, "blocks", (unsigned long long)st.blocks);
+}
+
 static PyMethodDef client_methods[] = {
     {"call", (PyCFunction)(void (*)(void))client_call, METH_VARARGS | METH_KEYWORDS,
-     "call(method_id, data, tail=None, out=None) -> RpcRequest.  Sends the bytes of data, then those of tail "
-     "(sent from its memory when the payload goes by bulk), held until they have left.  out: writable memory "
-     "the reply lands in when it fits (RpcRequest.in_out), held until the request is done."},
+     "call(method_id, data, tail=None, out=None, lend=True) -> RpcRequest.  Sends the bytes of data, then those "
+     "of tail (sent from its memory when the payload goes by bulk), held until they have left.  out: writable "
+     "memory the reply lands in when it fits (RpcRequest.in_out), held until the request is done.  lend: a large "
+     "payload may be lent to a server on this host (read in place there; a reply that is a range of it read in "
+     "place here)."},
+    {"lend_stats", (PyCFunction)client_lend_stats, METH_NOARGS,
+     "lend_stats() -> dict: whether this channel lends (on), and requests lent, replies read in place, blocks "
+     "the server kept, blocks made."},
     {"call_obj", (PyCFunction)(void (*)(void))client_call_obj, METH_FASTCALL,
      "call_obj(method_id, args, kwargs, pickle_body) -> RpcRequest: a default method's call, (args, kwargs) "
      "encoded by the codec (dlslime_torch.rpc.codec) and sent as call() sends (head, tail)."},

@@ -1,12 +1,13 @@
 /* The client: the hello, credits, request ids, its reply mailbox, and
  * what happens to replies nobody waits for any more. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rpc/rpc_internal.h"
+#include "rpc/lend.h"
 
 /* Guards req->cli and the decision that a request is final when its
  * client goes away: a waiter that finds a request pending under it knows
@@ -22,6 +23,7 @@ static inline bool rreq_final(const slime_rpc_req_t *r) {
 static uint64_t reply_tag(const slime_rpc_client_t *cli) { return rpc_tag(RPC_TAG_REPLY, cli->cid); }
 
 static void rreq_destroy(slime_rpc_req_t *r) {
+    lend_block_unref(r->lend);
     slime_rpc_mem_free(r->result_mem);
     slime_rpc_mem_free(r->joined);
     slime_rpc_mem_free(r->stage);
@@ -89,10 +91,11 @@ static void issue_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r) {
     cli->table[r->idx] = r;
     r->id = (uint64_t)++cli->gen << REQ_IDX_BITS | r->idx;
     size_t total = rpc_parts_total(&r->msg);
-    size_t head = rpc_parts_head(&r->msg, cli->req_inline - RPC_HDR);
-    const void *bulk = head < total ? rpc_parts_bulk(&r->msg, head, &r->joined) : NULL;
-    r->stage = rpc_mem_alloc(RPC_HDR + head);
-    if (!r->stage || (head < total && !bulk)) {
+    size_t head = r->lend ? 0 : rpc_parts_head(&r->msg, cli->req_inline - RPC_HDR);
+    const void *bulk = head < total && !r->lend ? rpc_parts_bulk(&r->msg, head, &r->joined) : NULL;
+    size_t inline_len = r->lend ? sizeof(rpc_lend_t) : head;
+    r->stage = rpc_mem_alloc(RPC_HDR + inline_len);
+    if (!r->stage || (head < total && !bulk && !r->lend)) {
         cli->table[r->idx] = NULL;
         cli->free_idx[cli->n_free++] = r->idx;
         r->id = 0;
@@ -105,12 +108,16 @@ static void issue_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r) {
     h->req_id = r->id;
     h->len = total;
     h->slot = cli->slot_size;
-    if (head < total) {
+    if (r->lend) {
+        h->flags |= RPC_F_LENT;
+        lend_describe(r->lend, (rpc_lend_t *)(r->stage + RPC_HDR));
+    } else if (head < total) {
         h->flags |= RPC_F_BULK;
         h->head = (uint32_t)head;
     }
-    rpc_parts_copy(&r->msg, r->stage + RPC_HDR, head);
-    slime_status_t st = slime_send(cli->ep, r->stage, RPC_HDR + head, rpc_tag(RPC_TAG_REQ, cli->port), &r->send_req);
+    if (!r->lend) rpc_parts_copy(&r->msg, r->stage + RPC_HDR, head);
+    slime_status_t st =
+        slime_send(cli->ep, r->stage, RPC_HDR + inline_len, rpc_tag(RPC_TAG_REQ, cli->port), &r->send_req);
     if (st == SLIME_OK && bulk)
         st = slime_send(cli->ep, bulk, total - head, rpc_bulk_tag(RPC_TAG_BULK_REQ, cli->cid, r->id),
                         &r->bulk_send_req);
@@ -174,6 +181,29 @@ static uint8_t *reply_memory(slime_rpc_req_t *r, const rpc_hdr_t *h) {
     return r->result_mem;
 }
 
+/* Under cli->mu: a reply whose payload lies in r's own lent block, at
+ * h->off: r's result is read there (and r keeps the block until freed),
+ * or copied into the caller's buffer. */
+static void on_reply_in_block_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r, const rpc_hdr_t *h) {
+    lend_block_t *b = r->lend;
+    if (!b || (h->flags & RPC_F_KEPT) || h->off > b->cap || h->len > b->cap - h->off) {
+        rreq_finish_locked(cli, r, SLIME_ERR_PROTOCOL, "rpc: a reply in a block the request did not lend");
+        return;
+    }
+    cli->lend_stats.in_place++;
+    if (!r->abandoned && r->reply_buf && h->kind == RPC_REPLY && h->len <= r->reply_cap) {
+        memcpy(r->reply_buf, b->map + h->off, h->len);
+        r->in_reply_buf = true;
+        r->result = r->reply_buf;
+        lend_block_unref(b);
+        r->lend = NULL;
+    } else {
+        r->result = b->map + h->off;
+    }
+    r->result_len = h->len;
+    settle_locked(cli, r);
+}
+
 /* Under cli->mu: a reply header for the request it names. */
 static void on_reply_locked(slime_rpc_client_t *cli, const rpc_hdr_t *h, const uint8_t *payload) {
     uint32_t idx = (uint32_t)(h->req_id & ((1u << REQ_IDX_BITS) - 1));
@@ -183,6 +213,18 @@ static void on_reply_locked(slime_rpc_client_t *cli, const rpc_hdr_t *h, const u
     cli->free_idx[cli->n_free++] = idx; /* the server gave its slot back before replying */
     r->reply_got = true;
     r->remote_error = h->kind == RPC_ERROR;
+    if (h->flags & RPC_F_LENT) {
+        on_reply_in_block_locked(cli, r, h);
+        return;
+    }
+    if (r->lend) { /* the server is done with the block: it serves the next call, unless kept */
+        if (h->flags & RPC_F_KEPT) {
+            lend_forget_locked(cli, r->lend);
+            cli->lend_stats.kept++;
+        }
+        lend_block_unref(r->lend);
+        r->lend = NULL;
+    }
     bool bulk = h->flags & RPC_F_BULK;
     size_t head = bulk ? h->head : h->len;
     uint8_t *mem = r->abandoned ? NULL : reply_memory(r, h);
@@ -238,18 +280,25 @@ static void drain_locked(slime_rpc_client_t *cli) {
 
 /* ---- the hello ---- */
 
-static slime_status_t hello(slime_rpc_client_t *cli, int64_t timeout_ms) {
+/* The hello and its answer.  With a probe block, the hello offers it
+ * (lend.h): the server's answer says whether it could fetch it. */
+static slime_status_t hello_with(slime_rpc_client_t *cli, int64_t timeout_ms, const lend_block_t *probe) {
     uint64_t deadline = deadline_after_ms(timeout_ms);
     uint64_t nonce = random_u64() | 1;
-    rpc_hdr_t *h = rpc_mem_alloc(RPC_HDR);
+    size_t extra = probe ? sizeof(rpc_lend_t) : 0;
+    rpc_hdr_t *h = rpc_mem_alloc(RPC_HDR + extra);
     if (!h) return slime_errorf(SLIME_ERR_NOMEM, "rpc_client_create: out of memory");
     rpc_hdr_fill(h, RPC_HELLO, cli->cid);
     h->credits = cli->credits;
     h->method = cli->digest;
     h->req_id = nonce;
     h->slot = cli->slot_size;
+    if (probe) {
+        h->flags |= RPC_F_LENT;
+        lend_describe(probe, (rpc_lend_t *)(h + 1));
+    }
     slime_req_t *send = NULL;
-    slime_status_t st = slime_send(cli->ep, h, RPC_HDR, rpc_tag(RPC_TAG_REQ, cli->port), &send);
+    slime_status_t st = slime_send(cli->ep, h, RPC_HDR + extra, rpc_tag(RPC_TAG_REQ, cli->port), &send);
     if (st != SLIME_OK) {
         slime_rpc_mem_free(h);
         return st;
@@ -294,12 +343,21 @@ static slime_status_t hello(slime_rpc_client_t *cli, int64_t timeout_ms) {
         }
         cli->credits = a->credits;
         cli->req_inline = a->slot;
+        cli->lend_ok = probe && (a->flags & RPC_F_LENT);
         repost_locked(cli, head);
         return SLIME_OK;
     }
 }
 
+static slime_status_t hello(slime_rpc_client_t *cli, int64_t timeout_ms) {
+    lend_block_t *probe = lend_wanted(cli->ep) ? lend_block_new(4096) : NULL;
+    slime_status_t st = hello_with(cli, timeout_ms, probe);
+    lend_block_unref(probe);
+    return st;
+}
+
 static void client_free(slime_rpc_client_t *cli) {
+    lend_table_free(cli);
     for (uint32_t i = 0; i < cli->n_slots; i++) rpc_slot_free(cli->slots[i]);
     if (cli->cid) rpc_cid_free(cli->cid);
     pthread_mutex_destroy(&cli->mu);
@@ -370,6 +428,15 @@ slime_status_t slime_rpc_client_create(slime_ctx_t *ctx, slime_ep_t *ep, uint16_
 
 uint32_t slime_rpc_client_credits(const slime_rpc_client_t *cli) { return cli ? cli->credits : 0; }
 
+bool slime_rpc_client_lend_stats(slime_rpc_client_t *cli, slime_rpc_lend_stats_t *out) {
+    if (!cli) return false;
+    pthread_mutex_lock(&cli->mu);
+    if (out) *out = cli->lend_stats;
+    bool on = cli->lend_ok;
+    pthread_mutex_unlock(&cli->mu);
+    return on;
+}
+
 void slime_rpc_client_destroy(slime_rpc_client_t *cli) {
     if (!cli) return;
     pthread_mutex_lock(&clients_mu);
@@ -384,11 +451,25 @@ void slime_rpc_client_destroy(slime_rpc_client_t *cli) {
 
 /* ---- requests ---- */
 
+/* A payload worth lending goes into a block of the client's now, copied
+ * outside its lock: a large copy would hold up every other caller. */
+static void lend_payload(slime_rpc_client_t *cli, slime_rpc_req_t *r, size_t total) {
+    pthread_mutex_lock(&cli->mu);
+    r->lend = cli->lend_ok && total >= LEND_MIN ? lend_take_locked(cli, total) : NULL;
+    if (r->lend) cli->lend_stats.lent++;
+    pthread_mutex_unlock(&cli->mu);
+    if (r->lend) rpc_parts_copy(&r->msg, r->lend->map, total);
+}
+
 slime_status_t slime_rpc_call_args(slime_rpc_client_t *cli, uint64_t method_id, const slime_rpc_call_args_t *a,
                                    slime_rpc_req_t **out) {
     if (out) *out = NULL;
     if (!cli || !out || !a) return slime_errorf(SLIME_ERR_INVAL, "rpc_call: NULL %s", !cli ? "client" : a ? "out" : "args");
-    if (a->size < sizeof *a) return slime_errorf(SLIME_ERR_INVAL, "rpc_call: args.size %zu, expected %zu", a->size, sizeof *a);
+    /* flags came last: a caller built before them passes a shorter struct */
+    size_t flags_end = offsetof(slime_rpc_call_args_t, flags) + sizeof a->flags;
+    if (a->size < offsetof(slime_rpc_call_args_t, flags))
+        return slime_errorf(SLIME_ERR_INVAL, "rpc_call: args.size %zu, expected %zu", a->size, sizeof *a);
+    uint32_t flags = a->size >= flags_end ? a->flags : 0;
     if ((!a->buf && a->len) || (!a->tail && a->tail_len) || (!a->reply_buf && a->reply_cap))
         return slime_errorf(SLIME_ERR_INVAL, "rpc_call: a NULL buffer with a length");
     if (a->len > SIZE_MAX - a->tail_len) return slime_errorf(SLIME_ERR_INVAL, "rpc_call: the payload's length overflows");
@@ -401,11 +482,12 @@ slime_status_t slime_rpc_call_args(slime_rpc_client_t *cli, uint64_t method_id, 
     r->reply_buf = a->reply_buf;
     r->reply_cap = a->reply_cap;
     atomic_init(&r->state, SLIME_INPROGRESS);
+    if (flags & SLIME_RPC_CALL_LEND) lend_payload(cli, r, a->len + a->tail_len);
     pthread_mutex_lock(&cli->mu);
     if (cli->broken != SLIME_OK) {
         slime_status_t st = slime_errorf(cli->broken, "rpc_call: %s", cli->broken_text);
         pthread_mutex_unlock(&cli->mu);
-        free(r);
+        rreq_destroy(r);
         return st;
     }
     if (cli->n_free && list_empty(&cli->queued)) issue_locked(cli, r);
@@ -528,8 +610,8 @@ bool slime_rpc_req_sent(const slime_rpc_req_t *r) {
     slime_rpc_client_t *cli = enter((slime_rpc_req_t *)r);
     if (!cli) return true;
     pthread_mutex_lock(&cli->mu);
-    /* the payload is copied into the stage unless it goes by bulk */
-    bool sent = r->id && !sub_pending(r->bulk_send_req);
+    /* the payload is copied into the stage or a lent block unless it goes by bulk */
+    bool sent = (r->id || r->lend) && !sub_pending(r->bulk_send_req);
     pthread_mutex_unlock(&cli->mu);
     leave(cli);
     return sent;

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rpc/rpc_internal.h"
+#include "rpc/lend.h"
 
 void slime_rpc_opts_init(slime_rpc_opts_t *opts) {
     if (!opts) return;
@@ -51,6 +51,17 @@ const rpc_hdr_t *rpc_slot_header(rpc_slot_t *slot, char *why, size_t whylen) {
     if (h->magic != RPC_MAGIC) {
         snprintf(why, whylen, "bad magic 0x%08x", h->magic);
         return NULL;
+    }
+    if (h->flags & RPC_F_LENT) {
+        /* a lent request or a hello carries the block's descriptor; a
+         * reply in the block, nothing */
+        size_t want = h->kind == RPC_REQUEST || h->kind == RPC_HELLO ? sizeof(rpc_lend_t) : 0;
+        if ((h->flags & RPC_F_BULK) || got - RPC_HDR != want) {
+            snprintf(why, whylen, "a lent payload's message has %zu bytes past its header, not %zu", got - RPC_HDR,
+                     want);
+            return NULL;
+        }
+        return h;
     }
     if (!(h->flags & RPC_F_BULK) && h->len != got - RPC_HDR) {
         snprintf(why, whylen, "header says %llu payload bytes, the message has %zu",

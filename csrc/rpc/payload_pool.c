@@ -21,7 +21,11 @@
  * opens (client or server) primes the pool with one faulted block of
  * DLSLIME_RPC_POOL_PRIME_MB (8 by default, 0 for none), which a pooled
  * payload of any size up to it may take when no closer block is idle, so
- * the first large call after connect finds its memory ready. */
+ * the first large call after connect finds its memory ready.
+ *
+ * Memory of another kind may be adopted (rpc_mem_adopt: a lent block's
+ * mapping that a call's payload lies in), so that slime_rpc_mem_free
+ * still takes whatever the RPC layer handed out. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +43,8 @@ typedef struct pooled {
     void *p;
     size_t cap;
     bool primed; /* the block rpc_mem_prime made: lent for any size it fits */
+    void (*drop)(void *arg); /* memory adopted (rpc_mem_adopt): how it goes */
+    void *arg;
 } pooled_t;
 
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -99,7 +105,7 @@ void *rpc_mem_alloc(size_t len) {
     void *p = fresh_block(cap);
     if (!p) return NULL;
     pthread_mutex_lock(&pool_mu);
-    bool ok = lend_locked((pooled_t){p, cap, false});
+    bool ok = lend_locked((pooled_t){.p = p, .cap = cap});
     pthread_mutex_unlock(&pool_mu);
     if (!ok) {
         free(p);
@@ -121,6 +127,11 @@ void slime_rpc_mem_free(void *p) {
     }
     pooled_t b = lent[i];
     lent[i] = lent[--n_lent];
+    if (b.drop) {
+        pthread_mutex_unlock(&pool_mu);
+        b.drop(b.arg);
+        return;
+    }
     void *evicted[POOL_IDLE_MAX + 1];
     size_t n_evicted = 0;
     if (b.cap > idle_max) {
@@ -137,6 +148,13 @@ void slime_rpc_mem_free(void *p) {
     }
     pthread_mutex_unlock(&pool_mu);
     for (size_t k = 0; k < n_evicted; k++) release(evicted[k]);
+}
+
+bool rpc_mem_adopt(void *p, void (*drop)(void *arg), void *arg) {
+    pthread_mutex_lock(&pool_mu);
+    bool ok = lend_locked((pooled_t){.p = p, .drop = drop, .arg = arg});
+    pthread_mutex_unlock(&pool_mu);
+    return ok;
 }
 
 void rpc_mem_prime(void) {
@@ -156,7 +174,7 @@ void rpc_mem_prime(void) {
             pthread_mutex_lock(&pool_mu);
             bool kept = n_idle < POOL_IDLE_MAX && idle_bytes + want <= idle_max; /* calls freed blocks meanwhile */
             if (kept) {
-                idle[n_idle++] = (pooled_t){p, want, true};
+                idle[n_idle++] = (pooled_t){.p = p, .cap = want, .primed = true};
                 idle_bytes += want;
             }
             pthread_mutex_unlock(&pool_mu);

@@ -44,6 +44,15 @@ enum rpc_kind {
  * the header) follow as one bulk transfer: a large tensor moves from the
  * sender's memory while the pickle around it rides in the mailbox. */
 #define RPC_F_BULK 0x1u
+/* REQUEST: the payload lies in a block of shared memory the client lends
+ * (rpc_lend_t inline, the payload from the block's start), which the
+ * server maps and reads in place.  REPLY, ERROR: the payload lies in the
+ * request's block, from off: handed back with no copy.  HELLO: a probe
+ * block rides inline; HELLO_ACK: the server could fetch it (see lend.h). */
+#define RPC_F_LENT 0x2u
+/* REPLY, ERROR to a lent request: the server still holds a view of the
+ * block (its handler kept one), so the client never uses it again. */
+#define RPC_F_KEPT 0x4u
 
 /* Sits at the start of every mailbox message, the payload (if inline)
  * right after it. */
@@ -56,7 +65,10 @@ typedef struct rpc_hdr {
         uint32_t credits;  /* HELLO: wanted; HELLO_ACK: granted */
         uint32_t head;     /* REQUEST, REPLY with RPC_F_BULK: payload bytes inline */
     };
-    uint64_t method;   /* REQUEST: method id; HELLO, HELLO_ACK: service digest */
+    union {
+        uint64_t method;   /* REQUEST: method id; HELLO, HELLO_ACK: service digest */
+        uint64_t off;      /* REPLY, ERROR with RPC_F_LENT: the payload's start in the block */
+    };
     uint64_t req_id;   /* HELLO and its answer: a nonce */
     uint64_t len;      /* payload bytes */
     uint64_t slot;     /* sender's slot size: the receiver's inline limit */
@@ -97,6 +109,8 @@ void *rpc_mem_alloc(size_t len);
 /* Once per process, at the first channel: one faulted idle block (see
  * payload_pool.c), so a first large call does not fault in its payload. */
 void rpc_mem_prime(void);
+/* slime_rpc_mem_free(p) calls drop(arg) from now on; false without memory. */
+bool rpc_mem_adopt(void *p, void (*drop)(void *arg), void *arg);
 /* The header of a completed slot, or NULL (with a detail in why) if the
  * message is no RPC header.  The version is the caller's to check (a
  * hello of another version deserves an answer that says so). */
@@ -130,6 +144,12 @@ void rpc_orphan_add(slime_req_t *req, void *buf);
 slime_status_t rpc_cid_alloc(uint32_t *cid);
 void rpc_cid_free(uint32_t cid);
 
+/* ---- lending (lend.h) ---- */
+struct lend_block;
+struct lend_map;
+/* Blocks one client keeps for lending. */
+#define LEND_BLOCKS 4
+
 /* ---- server ---- */
 /* A client endpoint at the server, from its first message until it is
  * gone and none of its calls is left: the server keeps a reference on
@@ -142,6 +162,8 @@ typedef struct rpc_peer {
     uint32_t calls;               /* its calls not finished, staged ones included */
     uint64_t unreceived;          /* bytes of its bulk receives posted, not complete */
     uint32_t staged;              /* its calls in srv->staged */
+    slime_list_t maps;            /* lend_map_t: blocks its clients lent us */
+    uint32_t n_maps;
 } rpc_peer_t;
 
 struct slime_rpc_server {
@@ -189,6 +211,8 @@ struct slime_rpc_call {
     uint8_t *reply_stage;         /* reply_buffer: header + inline room */
     void *reply_bulk;             /* reply_buffer: a payload sent by bulk */
     size_t reply_cap;
+    struct lend_map *lent;        /* the mapping data lies in, if lent */
+    bool kept;                    /* data was lent and detached: the handler kept a view */
 };
 
 /* ---- client ---- */
@@ -213,6 +237,9 @@ struct slime_rpc_client {
     slime_status_t broken;        /* SLIME_OK until the channel fails */
     char broken_text[256];
     _Atomic int waiters;          /* threads waiting on its requests */
+    bool lend_ok;                 /* the server fetched the hello's probe block */
+    struct lend_block *lend[LEND_BLOCKS]; /* NULL: an empty entry */
+    slime_rpc_lend_stats_t lend_stats;
 };
 
 struct slime_rpc_req {
@@ -235,6 +262,8 @@ struct slime_rpc_req {
     uint8_t *result;
     size_t result_len;
     void *result_mem;             /* memory holding result */
+    struct lend_block *lend;      /* the block its payload was lent in: until the
+                                     reply, or with the result read in place */
     char *error;
 };
 

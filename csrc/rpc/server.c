@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rpc/rpc_internal.h"
+#include "rpc/lend.h"
 
 /* Servers alive in this process, so that two of one context never share
  * a port (their mailboxes would steal each other's requests). */
@@ -95,7 +95,7 @@ static void send_error(slime_ep_t *ep, uint32_t cid, uint64_t req_id, const char
     send_small(ep, &h, text, (size_t)n + 1);
 }
 
-static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const rpc_hdr_t *in) {
+static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const rpc_hdr_t *in, const uint8_t *inl) {
     if (in->version != SLIME_RPC_VERSION) {
         send_error(ep, in->cid, in->req_id, "RPC version mismatch: the client speaks %u, the server %u",
                    in->version, SLIME_RPC_VERSION);
@@ -120,6 +120,11 @@ static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const r
     h.method = srv->digest;
     h.req_id = in->req_id;
     h.slot = srv->opts.slot_size;
+    if (in->flags & RPC_F_LENT) { /* the client offers to lend: can we fetch its probe? */
+        rpc_lend_t d;
+        memcpy(&d, inl, sizeof d);
+        if (lend_probe_ok(ep->verified_pid, &d)) h.flags |= RPC_F_LENT;
+    }
     send_small(ep, &h, NULL, 0);
 }
 
@@ -135,6 +140,7 @@ static void call_free(slime_rpc_call_t *call) {
 static bool srv_unref_locked(slime_rpc_server_t *srv) { return --srv->refs == 0; }
 
 static void peer_free(rpc_peer_t *p) {
+    lend_maps_free(p);
     list_del(&p->link);
     ep_unref(p->ep); /* safe after the context's destroy too */
     free(p);
@@ -157,6 +163,7 @@ static rpc_peer_t *peer_get_locked(slime_rpc_server_t *srv, slime_ep_t *ep) {
          * core cannot be reaping ep while we take ours without its lock */
         ep_ref(ep);
         p->ep = ep;
+        list_init(&p->maps);
     }
     list_push_back(srv->peers.next, &p->link); /* before the first */
     return p;
@@ -181,6 +188,8 @@ static void peers_sweep_locked(slime_rpc_server_t *srv) {
 /* Under srv->mu: a call is over; returns whether the server's last
  * reference went with it. */
 static bool call_end_locked(slime_rpc_server_t *srv, slime_rpc_call_t *call) {
+    if (call->lent) lend_map_put_locked(call->peer, call->lent);
+    call->lent = NULL;
     call->peer->calls--;
     return srv_unref_locked(srv);
 }
@@ -279,6 +288,25 @@ static void bulk_admit_waiting_locked(slime_rpc_server_t *srv) {
     }
 }
 
+/* Under srv->mu: a call whose payload the client lent (lend.h): read
+ * in place from its block, mapped (or found mapped); the slot, which
+ * held only the block's descriptor, goes back at once. */
+static slime_rpc_call_t *take_lent_locked(slime_rpc_server_t *srv, rpc_slot_t *slot, slime_rpc_call_t *call) {
+    rpc_lend_t d;
+    memcpy(&d, slot->buf + RPC_HDR, sizeof d);
+    slot_repost_locked(srv, slot);
+    char why[200];
+    call->lent = lend_map_get_locked(call->peer, call->cid, &d, call->len, srv->bulk_budget, why, sizeof why);
+    if (!call->lent) {
+        send_error(call->ep, call->cid, call->req_id, "the server cannot read the lent payload: %s", why);
+        call_end_locked(srv, call);
+        call_free(call);
+        return NULL;
+    }
+    call->data = lend_map_base(call->lent);
+    return call;
+}
+
 /* Under srv->mu: a completed slot from the mailbox's head.  Returns a
  * call to hand out, or NULL when the slot was handled here. */
 static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *slot) {
@@ -300,7 +328,7 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     }
     if (h->kind == RPC_HELLO) {
         peers_sweep_locked(srv); /* one comes: let those gone go */
-        answer_hello_locked(srv, ep, h);
+        answer_hello_locked(srv, ep, h, slot->buf + RPC_HDR);
         slot_repost_locked(srv, slot);
         return NULL;
     }
@@ -332,6 +360,7 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     call->peer = peer;
     peer->calls++;
     srv->refs++;
+    if (h->flags & RPC_F_LENT) return take_lent_locked(srv, slot, call);
     if (!(h->flags & RPC_F_BULK)) {
         call->slot = slot;
         call->data = slot->buf + RPC_HDR;
@@ -606,6 +635,14 @@ slime_status_t slime_rpc_call_detach(slime_rpc_call_t *call, void **mem) {
         call->owned = NULL;
         return SLIME_OK;
     }
+    if (call->lent) { /* a view outlives the call: the mapping goes with it, and the client is told */
+        pthread_mutex_lock(&call->srv->mu);
+        *mem = lend_map_detach_locked(call->peer, call->lent);
+        pthread_mutex_unlock(&call->srv->mu);
+        if (!*mem) return slime_errorf(SLIME_ERR_NOMEM, "rpc_call_detach: out of memory");
+        call->kept = true;
+        return SLIME_OK;
+    }
     if (!call->slot) return slime_errorf(SLIME_ERR_INVAL, "rpc_call_detach: the payload was detached already");
     uint8_t *fresh = malloc(call->srv->opts.slot_size);
     if (!fresh) return slime_errorf(SLIME_ERR_NOMEM, "rpc_call_detach: out of memory for a new slot");
@@ -654,21 +691,41 @@ static uint8_t *answer_stage(slime_rpc_call_t *call, const rpc_parts_t *m, size_
 
 /* Finishes a call: sends the answer (kind, payload m), waits for it to
  * leave, gives the slot back, frees the call. */
+/* Whether answer m lies whole in the call's lent payload, which nobody
+ * here views any more (not kept): it goes back as an offset, no copy. */
+static bool answer_in_block(const slime_rpc_call_t *call, const rpc_parts_t *m) {
+    const uint8_t *p = m->buf;
+    return call->lent && !call->kept && !m->tail_len && m->len && p >= call->data && p <= call->data + call->len &&
+           m->len <= (size_t)(call->data + call->len - p);
+}
+
+/* The answer's header, and how many of its bytes ride inline. */
+static size_t answer_header(const slime_rpc_call_t *call, uint8_t kind, const rpc_parts_t *m, rpc_hdr_t *h) {
+    size_t room = call->reply_inline > RPC_HDR ? call->reply_inline - RPC_HDR : 0;
+    rpc_hdr_fill(h, kind, call->cid);
+    h->req_id = call->req_id;
+    h->len = rpc_parts_total(m);
+    if (call->kept) h->flags |= RPC_F_KEPT;
+    if (answer_in_block(call, m)) {
+        h->flags |= RPC_F_LENT;
+        h->off = (uint64_t)((const uint8_t *)m->buf - call->data);
+        return 0;
+    }
+    return rpc_parts_head(m, room);
+}
+
 static slime_status_t call_finish(slime_rpc_call_t *call, uint8_t kind, const rpc_parts_t *m, int64_t timeout_ms) {
     slime_rpc_server_t *srv = call->srv;
     size_t total = rpc_parts_total(m);
-    size_t room = call->reply_inline > RPC_HDR ? call->reply_inline - RPC_HDR : 0;
-    size_t head = rpc_parts_head(m, room);
     rpc_hdr_t h;
-    rpc_hdr_fill(&h, kind, call->cid);
-    h.req_id = call->req_id;
-    h.len = total;
+    size_t head = answer_header(call, kind, m, &h);
+    bool in_block = h.flags & RPC_F_LENT;
     slime_status_t st = SLIME_OK;
     slime_req_t *reqs[2] = {NULL, NULL};
     void *bulk_owned = NULL;
     const void *bulk = NULL;
     uint8_t *stage = answer_stage(call, m, head);
-    if (stage && head < total) {
+    if (stage && head < total && !in_block) {
         h.flags |= RPC_F_BULK;
         h.head = (uint32_t)head;
         bulk = rpc_parts_bulk(m, head, &bulk_owned);
@@ -677,7 +734,7 @@ static slime_status_t call_finish(slime_rpc_call_t *call, uint8_t kind, const rp
             call->reply_bulk = NULL;
         }
     }
-    if (!stage || (head < total && !bulk)) {
+    if (!stage || (head < total && !bulk && !in_block)) {
         st = slime_errorf(SLIME_ERR_NOMEM, "rpc reply: out of memory");
         goto out;
     }
@@ -699,6 +756,11 @@ static slime_status_t call_finish(slime_rpc_call_t *call, uint8_t kind, const rp
          * orphans below, and the slot gets a new one */
         void *mem = NULL;
         if (slime_rpc_call_detach(call, &mem) == SLIME_OK) bulk_owned = mem;
+    }
+    if (st == SLIME_ERR_TIMEOUT && reqs[1] && !bulk_owned && call->owned && (const uint8_t *)bulk >= call->data &&
+        (const uint8_t *)bulk < call->data + call->len) {
+        bulk_owned = call->owned; /* an echo of a bulk payload nobody views: it goes with the orphans */
+        call->owned = NULL;
     }
     if (st == SLIME_ERR_TIMEOUT) {
         /* still queued: the buffers we own are freed once they left */

@@ -141,6 +141,8 @@ static void shm_close(slime_ep_t *ep) {
  * keeps a large message out of the unexpected queue's private copy. */
 #define SHM_EAGER (256u << 10)
 
+static int shm_verified_pid(const void *conn) { return ((const shm_conn_t *)conn)->peer_pid; }
+
 const transport_ops_t slime_shm_transport = {
     .size = sizeof(transport_ops_t),
     .name = "shm",
@@ -168,4 +170,5 @@ const transport_ops_t slime_shm_transport = {
     .has_work = shm_has_work,
     .rx_peek = shm_rx_peek,
     .rx_consume = shm_rx_consume,
+    .verified_pid = shm_verified_pid,
 };

@@ -127,6 +127,10 @@ typedef struct transport_ops {
     bool (*tx_unsent)(slime_ep_t *ep);
     /* rma takes every request whole at once and completes it itself. */
     bool rma_async;
+    /* The peer process's pid as the kernel vouched for it (a unix
+     * socket's SO_PEERCRED), or 0 where nothing did: what may be handed
+     * to pidfd_open to reach the very process on the other end. */
+    int (*verified_pid)(const void *conn);
     /* The fd the core watches for an accepted conn, when it is not the
      * socket the hello came on (the conn owns that socket then). */
     int (*conn_fd)(void *conn);

@@ -167,6 +167,16 @@ class Proxy:
         codec.warm_up()
         self.job.track(self)
 
+    def lend_stats(self):
+        """What lending did on this channel: on (the server is on this host
+        and maps what we lend), lent (raw calls whose payload, 1 MiB or
+        more, went in shared memory), in_place (replies read from their
+        request's block), kept (blocks a handler kept a view of), blocks
+        (blocks made)."""
+        if self._client is None:
+            raise RpcError("rpc: the proxy is closed")
+        return self._client.lend_stats()
+
     def close(self):
         client, self._client = self._client, None
         if client is not None:

@@ -65,7 +65,10 @@ class Server:
                 data = memoryview(call)
                 result = handler(data)
                 if result is not data:
-                    data.release()
+                    try:
+                        data.release()
+                    except BufferError:
+                        pass   # a view made from it lives on (the result, say): the call keeps the payload
                 call.reply(result if result is not None else b"", timeout_ms=timeout)
         except Exception as exc:  # the handler's failure goes to the caller
             payload = encode_remote(type(exc).__qualname__, str(exc), traceback.format_exc())

@@ -4,8 +4,9 @@
  * flight with fewer credits and several server threads, remote errors,
  * unknown methods, a mismatched service definition, a missing server,
  * abandoned calls whose late replies must not land anywhere, a
- * server that dies mid-call, and a second server thread taking a call
- * while the first is busy with one.
+ * server that dies mid-call, a second server thread taking a call
+ * while the first is busy with one, and lent payloads (read in place at
+ * the server, echoed back in place, kept by a handler).
  */
 #include "harness.h"
 
@@ -22,9 +23,11 @@
 #define M_SLOW 0x1004ull    /* sleeps the first payload byte * 10 ms, then echoes */
 #define M_HANG 0x1005ull    /* never answered */
 #define M_MEET 0x1006ull    /* waits for another M_MEET to be served at once */
+#define M_KEEP 0x1007ull    /* keeps the payload past the reply (detached); replies its first byte */
+#define M_TAIL 0x1008ull    /* replies the payload from its second byte, first adding 1 to each byte */
 #define M_UNKNOWN 0x9999ull /* not served */
 
-static const uint64_t methods[] = {M_ECHO, M_INPLACE, M_FAIL, M_SLOW, M_HANG, M_MEET};
+static const uint64_t methods[] = {M_ECHO, M_INPLACE, M_FAIL, M_SLOW, M_HANG, M_MEET, M_KEEP, M_TAIL};
 
 /* M_MEET calls begun in this process (a case's rounds add up). */
 static atomic_int meetings;
@@ -68,6 +71,22 @@ static void serve_call(slime_rpc_call_t *call)
         return;
     case M_MEET:
         serve_meet(call, data, len);
+        return;
+    case M_KEEP: {
+        void *mem = NULL;
+        H_CHECK_OK(slime_rpc_call_detach(call, &mem));
+        uint8_t first = len ? data[0] : 0;
+        H_CHECK_OK(slime_rpc_call_reply(call, &first, 1, H_WAIT_MS));
+        h_sleep_ms(50); /* the client calls again meanwhile: the kept block must stay as it was */
+        for (size_t i = 0; i < len; i++)
+            H_CHECK_EQ(data[i], h_pattern_byte(7, i));
+        slime_rpc_mem_free(mem);
+        return;
+    }
+    case M_TAIL:
+        for (size_t i = 0; i < len; i++)
+            ((uint8_t *)data)[i]++;
+        H_CHECK_OK(slime_rpc_call_reply(call, data + 1, len - 1, H_WAIT_MS));
         return;
     case M_SLOW:
         h_sleep_ms(len ? data[0] * 10 : 0);
@@ -354,6 +373,89 @@ static void case_server_dies(h_rank_t *r)
     slime_rpc_client_destroy(cli);
 }
 
+static void lend_call(slime_rpc_client_t *cli, uint64_t method, const uint8_t *msg, size_t len, void *out,
+                      size_t out_cap, slime_rpc_req_t **req)
+{
+    slime_rpc_call_args_t a = {.size = sizeof a, .buf = msg, .len = len, .reply_buf = out, .reply_cap = out_cap,
+                               .flags = SLIME_RPC_CALL_LEND};
+    H_CHECK_OK(slime_rpc_call_args(cli, method, &a, req));
+    H_CHECK_OK(slime_rpc_req_wait(*req, H_WAIT_MS));
+    H_CHECK(!slime_rpc_req_remote_error(*req));
+}
+
+/* req's reply is len bytes of seed's pattern from byte from, plus add. */
+static void check_reply(slime_rpc_req_t *req, size_t len, uint64_t seed, size_t from, int add)
+{
+    size_t got = 0;
+    const uint8_t *p = slime_rpc_req_data(req, &got);
+    H_CHECK_EQ(got, len);
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != (uint8_t)(h_pattern_byte(seed, from + i) + add))
+            h_fail(__FILE__, __LINE__, "reply of %zu bytes differs at %zu", len, i);
+}
+
+/* Lent payloads (lend.h).  Over shm every large call is lent and its
+ * echo read in place: a result held while the next call takes the other
+ * block, a reply into the caller's buffer, a slice of a payload changed
+ * in place; a payload the server keeps past its reply is never lent
+ * again (the server checks it stays as sent while the client calls on).
+ * Over tcp nothing is lent, and every reply is the same. */
+static void case_lend(h_rank_t *r)
+{
+    if (r->rank == 1) {
+        run_server(r, NULL, 1);
+        return;
+    }
+    slime_rpc_client_t *cli = client(r, 4);
+    slime_rpc_lend_stats_t st;
+    bool on = slime_rpc_client_lend_stats(cli, &st);
+    H_CHECK_EQ(on, !strcmp(h_transport(), "shm") || !strcmp(h_transport(), "auto"));
+    size_t n = 2u << 20;
+    uint8_t *a = h_alloc(n), *b = h_alloc(n), *k = h_alloc(n), *out = h_alloc(n);
+    h_fill(a, n, 1, 0);
+    h_fill(b, n, 2, 0);
+    h_fill(k, n, 7, 0);
+    slime_rpc_req_t *ra = NULL, *rb = NULL;
+    lend_call(cli, M_ECHO, a, n, NULL, 0, &ra);
+    lend_call(cli, M_ECHO, b, n, NULL, 0, &rb);
+    check_reply(ra, n, 1, 0, 0);
+    check_reply(rb, n, 2, 0, 0);
+    slime_rpc_req_free(ra);
+    slime_rpc_req_free(rb);
+    lend_call(cli, M_ECHO, a, n, out, n, &ra);
+    H_CHECK(slime_rpc_req_in_reply_buf(ra));
+    check_reply(ra, n, 1, 0, 0);
+    slime_rpc_req_free(ra);
+    lend_call(cli, M_TAIL, a, n, NULL, 0, &ra);
+    check_reply(ra, n - 1, 1, 1, 1);
+    slime_rpc_req_free(ra);
+    lend_call(cli, M_ECHO, a, 1000, NULL, 0, &ra); /* too small to lend */
+    check_reply(ra, 1000, 1, 0, 0);
+    slime_rpc_req_free(ra);
+    slime_rpc_client_lend_stats(cli, &st);
+    H_CHECK_EQ(st.lent, on ? 4u : 0u);
+    H_CHECK_EQ(st.in_place, on ? 4u : 0u);
+    H_CHECK_EQ(st.blocks, on ? 2u : 0u);
+    lend_call(cli, M_KEEP, k, n, NULL, 0, &ra);
+    check_reply(ra, 1, 7, 0, 0);
+    slime_rpc_req_free(ra);
+    lend_call(cli, M_ECHO, a, n, NULL, 0, &ra); /* while the server still checks the kept block */
+    lend_call(cli, M_ECHO, b, n, NULL, 0, &rb);
+    check_reply(ra, n, 1, 0, 0);
+    check_reply(rb, n, 2, 0, 0);
+    slime_rpc_req_free(ra);
+    slime_rpc_req_free(rb);
+    slime_rpc_client_lend_stats(cli, &st);
+    H_CHECK_EQ(st.kept, on ? 1u : 0u);
+    H_CHECK_EQ(st.blocks, on ? 3u : 0u);
+    free(a);
+    free(b);
+    free(k);
+    free(out);
+    slime_rpc_client_destroy(cli);
+    h_ctl_send_u64(r, 1, 1);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -362,6 +464,7 @@ int main(int argc, char **argv)
         {"errors", case_errors, 2, false, 0},
         {"server_dies", case_server_dies, 2, false, 1u << 1},
         {"threads_overlap", case_threads_overlap, 2, false, 0},
+        {"lend", case_lend, 2, false, 0},
     };
     return h_main("test_rpc", cases, sizeof cases / sizeof cases[0], argc, argv);
 }

@@ -47,6 +47,56 @@ class Calc:
         return threading.current_thread().name
 
 
+class Blobs:
+    """Raw methods whose replies are, or are not, ranges of the request
+    (for lent payloads: test_rpc_lend.py)."""
+    rpc_name = "tests.Blobs"
+
+    def __init__(self):
+        self.kept = []
+
+    @rpc.method(raw=True)
+    def echo(self, data):
+        return data
+
+    @rpc.method(raw=True)
+    def bump_tail(self, data):
+        """Adds 1 to the first 4 bytes in place, replies from byte 2 on."""
+        for i in range(4):
+            data[i] = (data[i] + 1) % 256
+        return data[2:]
+
+    @rpc.method(raw=True)
+    def copy(self, data):
+        return bytes(data)
+
+    @rpc.method(raw=True)
+    def as_array(self, data):
+        import numpy as np
+        return np.frombuffer(data, dtype=np.uint8)
+
+    @rpc.method(raw=True)
+    def keep(self, data):
+        """Keeps a view past the reply; replies its first 8 bytes."""
+        self.kept.append(data[8:])
+        return bytes(data[:8])
+
+    @rpc.method(raw=True)
+    def kept_intact(self, digest):
+        """Whether every kept view still holds what was sent (by its sha256)."""
+        import hashlib
+        return b"".join(hashlib.sha256(bytes(v)).digest() for v in self.kept)
+
+
+def serve_blobs(rank, size, store, name):
+    rpc.init(name, store=store)
+    with rpc.Server(Blobs(), threads=2).start() as server:
+        store.wait(["stop"])
+        served = server.served
+    rpc.shutdown()
+    return served
+
+
 class CalcOtherDefinition:
     """Same service name as Calc, other methods: refused at connect."""
     rpc_name = "tests.Calc"

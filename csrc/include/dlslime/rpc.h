@@ -50,7 +50,7 @@ extern "C" {
 /* Tags in [SLIME_RPC_TAG_SPACE, 2^64) belong to RPC. */
 #define SLIME_RPC_TAG_SPACE (0xffffull << 48)
 /* Version of the RPC header; a peer with another one is refused. */
-#define SLIME_RPC_VERSION 2
+#define SLIME_RPC_VERSION 3
 /* Smallest slot: room for a header and short error texts. */
 #define SLIME_RPC_SLOT_MIN 1024
 /* Most requests one client may have in flight. */
@@ -172,6 +172,17 @@ SLIME_API void slime_rpc_client_destroy(slime_rpc_client_t *cli);
 /* Credits the server granted. */
 SLIME_API uint32_t slime_rpc_client_credits(const slime_rpc_client_t *cli);
 
+/* What lending (SLIME_RPC_CALL_LEND) did for one client. */
+typedef struct slime_rpc_lend_stats {
+    uint64_t lent;      /* requests whose payload was lent */
+    uint64_t in_place;  /* replies read in place from their request's block */
+    uint64_t kept;      /* blocks the server kept (a handler held a view past its reply) */
+    uint64_t blocks;    /* blocks made */
+} slime_rpc_lend_stats_t;
+/* Fills *out; returns whether this client's channel lends at all (the
+ * server is on this host and could map the hello's probe block). */
+SLIME_API bool slime_rpc_client_lend_stats(slime_rpc_client_t *cli, slime_rpc_lend_stats_t *out);
+
 /* Starts a call.  buf must stay valid until the request completes (or,
  * if freed before, see slime_rpc_req_free).  Never blocks: without a
  * credit the call waits in the client.  Errors: SLIME_ERR_INVAL, and the
@@ -189,7 +200,15 @@ typedef struct slime_rpc_call_args {
     size_t tail_len;        /* large for a slot: a message's large tensor, say */
     void *reply_buf;        /* NULL, or where the reply lands (no memory allocated for it); */
     size_t reply_cap;       /* a longer reply, or an error, lands in the request's own memory */
+    uint32_t flags;         /* SLIME_RPC_CALL_* */
 } slime_rpc_call_args_t;
+
+/* A large payload may be lent to a server on this host: copied once into
+ * shared memory the server reads in place, and a reply that is a range of
+ * the request's own payload (an echo, a slice) is read in place too.  For
+ * payloads a handler reads as bytes; not for messages whose parts the
+ * server decodes into objects that outlive the call. */
+#define SLIME_RPC_CALL_LEND 0x1u
 
 /* slime_rpc_call with a payload in two parts and, optionally, the
  * caller's memory for the reply.  buf, tail and reply_buf must stay valid
