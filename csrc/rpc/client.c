@@ -594,6 +594,13 @@ slime_status_t slime_rpc_req_detach(slime_rpc_req_t *r, void **mem) {
     if (!r || !mem) return slime_errorf(SLIME_ERR_INVAL, "rpc_req_detach: NULL argument");
     *mem = NULL;
     if (!rreq_final(r)) return slime_errorf(SLIME_ERR_INVAL, "rpc_req_detach: the request is still pending");
+    if (r->lend && r->result) { /* read in place: the block goes with it */
+        if (!rpc_mem_adopt(r->lend->map, lend_block_drop, r->lend))
+            return slime_errorf(SLIME_ERR_NOMEM, "rpc_req_detach: out of memory");
+        *mem = r->lend->map;
+        r->lend = NULL;
+        return SLIME_OK;
+    }
     *mem = r->result_mem;
     r->result_mem = NULL;
     return SLIME_OK;

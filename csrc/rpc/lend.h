@@ -56,6 +56,8 @@ bool lend_wanted(const slime_ep_t *ep);
 /* A small block for the hello's probe; NULL if none could be made. */
 lend_block_t *lend_block_new(size_t cap);
 void lend_block_unref(lend_block_t *b);
+/* lend_block_unref for rpc_mem_adopt: a result read in place, detached. */
+void lend_block_drop(void *b);
 void lend_describe(const lend_block_t *b, rpc_lend_t *d);
 /* Under cli->mu: an idle block of at least len bytes, with a reference
  * for the caller (a new block if the table has room); NULL: none free. */

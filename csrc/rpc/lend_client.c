@@ -43,6 +43,8 @@ void lend_block_unref(lend_block_t *b) {
     free(b);
 }
 
+void lend_block_drop(void *b) { lend_block_unref(b); }
+
 void lend_describe(const lend_block_t *b, rpc_lend_t *d) {
     *d = (rpc_lend_t){.fd = b->fd, .ino = b->ino, .size = b->cap};
 }

@@ -24,7 +24,9 @@ def method(fn=None, *, raw=False, inplace=False, max_reply=None):
 
     @method: called with Python arguments (tensors move as raw bytes);
     @method(raw=True): handler(self, data) gets a memoryview of the request
-    (no copy, valid during the call) and returns bytes-like;
+    (no copy, valid during the call) and returns bytes-like; a memoryview
+    of the request it returns (data, a slice, changed in place or not) is
+    answered with no copy and released with the reply;
     @method(raw=True, inplace=True): handler(self, data, out) writes the
     reply into the writable memoryview out (max_reply bytes; default the
     larger of the request's length and 64 KiB) and returns its length;

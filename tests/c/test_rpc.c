@@ -428,7 +428,14 @@ static void case_lend(h_rank_t *r)
     slime_rpc_req_free(ra);
     lend_call(cli, M_TAIL, a, n, NULL, 0, &ra);
     check_reply(ra, n - 1, 1, 1, 1);
+    size_t got = 0;
+    const uint8_t *tail = slime_rpc_req_data(ra, &got);
+    void *mem = NULL;
+    H_CHECK_OK(slime_rpc_req_detach(ra, &mem)); /* the reply outlives its request */
     slime_rpc_req_free(ra);
+    for (size_t i = 0; i < got; i++)
+        H_CHECK_EQ(tail[i], (uint8_t)(h_pattern_byte(1, i + 1) + 1));
+    slime_rpc_mem_free(mem);
     lend_call(cli, M_ECHO, a, 1000, NULL, 0, &ra); /* too small to lend */
     check_reply(ra, 1000, 1, 0, 0);
     slime_rpc_req_free(ra);
