@@ -158,6 +158,10 @@ slime_status_t memfd_sealed(const char *name, size_t len, int *fd);
 /* Whether a peer's fd is a memfd sealed against resizing, so a mapping
  * of it cannot fault later; its size in *len, else why not in why. */
 bool memfd_check(int fd, size_t *len, char *why, size_t whylen);
+/* A pidfd for process pid, and a copy of that process's fd through it
+ * (the kernel's ptrace access check, as for CMA); -1 with errno. */
+int pidfd_of(int pid);
+int pidfd_take_fd(int pidfd, int fd);
 
 /* shmem.c: every context's table hears of freed blocks (mem_frees). */
 slime_status_t shmem_table_add(mr_shared_t *t);

@@ -11,11 +11,19 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/internal.h"
 
 #define RESIZE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
 
 slime_status_t memfd_sealed(const char *name, size_t len, int *fd_out) {
     *fd_out = -1;
@@ -45,3 +53,7 @@ bool memfd_check(int fd, size_t *len, char *why, size_t whylen) {
     *len = (size_t)sb.st_size;
     return true;
 }
+
+int pidfd_of(int pid) { return (int)syscall(SYS_pidfd_open, (pid_t)pid, 0); }
+
+int pidfd_take_fd(int pidfd, int fd) { return (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0); }

@@ -123,16 +123,42 @@ int codec_dtype_code(PyObject *dtype)
 
 /* ---- the pinned buffer ---- */
 
+static PyTypeObject CodecPin_Type;
+
 typedef struct {
     PyObject_HEAD
     PyObject *owner;
     void *ptr;
     Py_ssize_t len;
+    Py_ssize_t exports;
 } CodecPinObject;
 
 static int pin_getbuffer(CodecPinObject *self, Py_buffer *view, int flags)
 {
-    return PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, self->len, 1, flags);
+    if (!self->owner) {
+        PyErr_SetString(PyExc_BufferError, "the pinned tensor was let go");
+        view->obj = NULL;
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, self->len, 1, flags) < 0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void pin_releasebuffer(CodecPinObject *self, Py_buffer *view)
+{
+    (void)view;
+    self->exports--;
+}
+
+void codec_pin_let_go(PyObject *obj)
+{
+    if (Py_TYPE(obj) != &CodecPin_Type)
+        return;
+    CodecPinObject *pin = (CodecPinObject *)obj;
+    if (pin->exports == 0)
+        Py_CLEAR(pin->owner);
 }
 
 static void pin_dealloc(CodecPinObject *self)
@@ -141,7 +167,8 @@ static void pin_dealloc(CodecPinObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyBufferProcs pin_as_buffer = {.bf_getbuffer = (getbufferproc)pin_getbuffer};
+static PyBufferProcs pin_as_buffer = {.bf_getbuffer = (getbufferproc)pin_getbuffer,
+                                      .bf_releasebuffer = (releasebufferproc)pin_releasebuffer};
 
 static PyTypeObject CodecPin_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -161,6 +188,7 @@ PyObject *codec_pin_new(PyObject *owner, const void *ptr, size_t len)
     pin->owner = Py_NewRef(owner);
     pin->ptr = (void *)ptr;
     pin->len = (Py_ssize_t)len;
+    pin->exports = 0;
     return (PyObject *)pin;
 }
 

@@ -79,6 +79,9 @@ int codec_dtype_code(PyObject *dtype);
 
 /* A read-only buffer over ptr..ptr+len that keeps owner alive. */
 PyObject *codec_pin_new(PyObject *owner, const void *ptr, size_t len);
+/* If obj is such a buffer with no view of it left, it lets its owner go
+ * (the reply no longer needs the tensor: its bytes go back by offset). */
+void codec_pin_let_go(PyObject *obj);
 
 PyObject *slime_py_codec_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *slime_py_codec_decode(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

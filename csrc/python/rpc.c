@@ -321,36 +321,43 @@ static int in_payload(const RpcCallObject *self, const slime_py_buf_t *buf)
     return self->len && buf->len && p >= d && p <= d + self->len && buf->len <= (size_t)(d + self->len - p);
 }
 
-/* A reply that is a range of the call's own payload (an echo, a slice):
- * the view the handler returned is released (its payload is valid during
- * the call only), so that unless the handler kept another one the range
- * goes back with no copy (a lent payload: in place) and nothing is
- * detached.  Sets *ptr to the range; returns the hold that keeps it
- * (none when no view is left, else one on the call), NULL with an error
- * set when *ok is 0. */
-static slime_py_hold_t *hold_payload_range(RpcCallObject *self, PyObject *obj, slime_py_hold_t *hold,
-                                           const slime_py_buf_t *buf, const void **ptr, int *ok)
+/* A reply whose one part, or whose tail, is a range of the call's own
+ * payload (an echo, a slice, a tensor of the arguments returned): the
+ * view of it the handler returned (or the codec's pin of the tensor) is
+ * let go, as the payload is valid during the call only, so that unless a
+ * view of it lives on the range goes back with no copy (a lent payload:
+ * in place) and nothing is detached.  Fills p and n with the parts to
+ * send; returns the hold that keeps them (the head, and the call when a
+ * view lives on: the payload is kept), NULL with an error set when *ok
+ * is 0. */
+static slime_py_hold_t *hold_payload_range(RpcCallObject *self, PyObject *obj, PyObject *tail, slime_py_hold_t *hold,
+                                           slime_py_buf_t **b, const void **p, size_t *n, int *ok)
 {
-    size_t off = (size_t)((const uint8_t *)buf->ptr - (const uint8_t *)self->data);
+    int part = b[1]->len ? 1 : 0;
+    PyObject *in = part ? tail : obj;
+    size_t off = (size_t)((const uint8_t *)b[part]->ptr - (const uint8_t *)self->data);
+    n[0] = b[0]->len;
+    n[1] = b[1]->len;
     slime_py_hold_release(hold);
-    if (PyMemoryView_Check(obj)) {
-        PyObject *r = PyObject_CallMethod(obj, "release", NULL);
+    if (PyMemoryView_Check(in)) {
+        PyObject *r = PyObject_CallMethod(in, "release", NULL);
         if (r)
             Py_DECREF(r);
         else
             PyErr_Clear(); /* a view of it is exported: the payload is kept */
     }
+    codec_pin_let_go(in);
+    *ok = 0;
+    if (self->exports && call_keep_payload(self) < 0)
+        return NULL;
+    PyObject *objs[2] = {part ? obj : NULL, self->exports ? (PyObject *)self : NULL};
+    slime_py_buf_t *bb[2];
+    if (!(hold = hold_bufs(objs, 2, 0, bb)))
+        return NULL;
+    const uint8_t *payload = self->exports ? bb[1]->ptr : self->data;
+    p[0] = part ? bb[0]->ptr : payload + off;
+    p[1] = part ? payload + off : NULL;
     *ok = 1;
-    *ptr = (const uint8_t *)self->data + off;
-    if (self->exports == 0)
-        return NULL;
-    slime_py_buf_t *b;
-    PyObject *me = (PyObject *)self;
-    if (call_keep_payload(self) < 0 || !(hold = hold_bufs(&me, 1, 0, &b))) {
-        *ok = 0;
-        return NULL;
-    }
-    *ptr = (const uint8_t *)b->ptr + off;
     return hold;
 }
 
@@ -370,14 +377,13 @@ static PyObject *call_finish(RpcCallObject *self, int kind, PyObject *obj, PyObj
         if (!hold)
             return NULL;
     }
-    const void *ptr = obj ? b[0]->ptr : NULL;
-    size_t len = obj ? b[0]->len : 0;
-    if (kind == 0 && obj && !b[1]->len && in_payload(self, b[0])) {
+    const void *p[2] = {obj ? b[0]->ptr : NULL, obj ? b[1]->ptr : NULL};
+    size_t n[2] = {obj ? b[0]->len : 0, obj ? b[1]->len : 0};
+    if (kind == 0 && obj && in_payload(self, b[n[1] ? 1 : 0])) {
         int ok;
-        hold = hold_payload_range(self, obj, hold, b[0], &ptr, &ok);
+        hold = hold_payload_range(self, obj, tail, hold, b, p, n, &ok);
         if (!ok)
             return NULL;
-        b[1] = NULL;
     }
     if (kind == 2 && self->rbuf && self->rbuf->exports > 0) {
         slime_py_hold_release(hold);
@@ -405,10 +411,9 @@ static PyObject *call_finish(RpcCallObject *self, int kind, PyObject *obj, PyObj
     if (kind == 2)
         st = slime_rpc_call_reply_commit(call, commit_len, timeout_ms);
     else if (kind == 1)
-        st = slime_rpc_call_fail(call, ptr, len, timeout_ms);
+        st = slime_rpc_call_fail(call, p[0], n[0], timeout_ms);
     else
-        st = slime_rpc_call_reply_parts(call, ptr, len, b[1] ? b[1]->ptr : NULL, b[1] ? b[1]->len : 0,
-                                        timeout_ms);
+        st = slime_rpc_call_reply_parts(call, p[0], n[0], p[1], n[1], timeout_ms);
     Py_END_ALLOW_THREADS
     slime_py_context_leave_child(ctx, counted);
     if (st == SLIME_ERR_TIMEOUT && hold)
@@ -791,7 +796,7 @@ static PyObject *client_call_obj(RpcClientObject *self, PyObject *const *args, P
     if (!parts)
         return NULL;
     PyObject *objs[3] = {PyTuple_GET_ITEM(parts, 0), PyTuple_GET_ITEM(parts, 1), NULL};
-    PyObject *r = client_send(self, method, objs, 0); /* its tensors may outlive the call at the server */
+    PyObject *r = client_send(self, method, objs, SLIME_RPC_CALL_LEND);
     Py_DECREF(parts);
     return r;
 }

@@ -181,24 +181,29 @@ static uint8_t *reply_memory(slime_rpc_req_t *r, const rpc_hdr_t *h) {
     return r->result_mem;
 }
 
-/* Under cli->mu: a reply whose payload lies in r's own lent block, at
- * h->off: r's result is read there (and r keeps the block until freed),
- * or copied into the caller's buffer. */
-static void on_reply_in_block_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r, const rpc_hdr_t *h) {
+/* Under cli->mu: a reply whose payload's tail lies in r's own lent
+ * block, at h->off, its head (inline) to go in front of it: r's result
+ * is read there (and r keeps the block until freed), or copied into the
+ * caller's buffer. */
+static void on_reply_in_block_locked(slime_rpc_client_t *cli, slime_rpc_req_t *r, const rpc_hdr_t *h,
+                                     const uint8_t *inl) {
     lend_block_t *b = r->lend;
-    if (!b || (h->flags & RPC_F_KEPT) || h->off > b->cap || h->len > b->cap - h->off) {
+    size_t head = h->head, tail = h->len - head; /* the mailbox checked head <= len */
+    if (!b || (h->flags & RPC_F_KEPT) || head > h->off || h->off > b->cap || tail > b->cap - h->off) {
         rreq_finish_locked(cli, r, SLIME_ERR_PROTOCOL, "rpc: a reply in a block the request did not lend");
         return;
     }
     cli->lend_stats.in_place++;
+    uint8_t *start = b->map + (h->off - head);
+    if (!r->abandoned) memcpy(start, inl, head);
     if (!r->abandoned && r->reply_buf && h->kind == RPC_REPLY && h->len <= r->reply_cap) {
-        memcpy(r->reply_buf, b->map + h->off, h->len);
+        memcpy(r->reply_buf, start, h->len);
         r->in_reply_buf = true;
         r->result = r->reply_buf;
         lend_block_unref(b);
         r->lend = NULL;
     } else {
-        r->result = b->map + h->off;
+        r->result = start;
     }
     r->result_len = h->len;
     settle_locked(cli, r);
@@ -214,7 +219,7 @@ static void on_reply_locked(slime_rpc_client_t *cli, const rpc_hdr_t *h, const u
     r->reply_got = true;
     r->remote_error = h->kind == RPC_ERROR;
     if (h->flags & RPC_F_LENT) {
-        on_reply_in_block_locked(cli, r, h);
+        on_reply_in_block_locked(cli, r, h, payload);
         return;
     }
     if (r->lend) { /* the server is done with the block: it serves the next call, unless kept */

@@ -11,17 +11,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "rpc/lend.h"
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-#ifndef SYS_pidfd_getfd
-#define SYS_pidfd_getfd 438
-#endif
 
 /* Idle mappings kept per peer, and mappings per peer in all: a peer's
  * numbers must not exhaust our address space or map count. */
@@ -46,8 +38,8 @@ static int fetch_checked(uint32_t pid, const rpc_lend_t *d, char *why, size_t wh
         snprintf(why, whylen, "no process to fetch a lent block from");
         return -1;
     }
-    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-    int fd = pidfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pidfd, d->fd, 0);
+    int pidfd = pidfd_of((int)pid);
+    int fd = pidfd < 0 ? -1 : pidfd_take_fd(pidfd, d->fd);
     int e = errno;
     if (pidfd >= 0) close(pidfd);
     if (fd < 0) {

@@ -54,9 +54,11 @@ const rpc_hdr_t *rpc_slot_header(rpc_slot_t *slot, char *why, size_t whylen) {
     }
     if (h->flags & RPC_F_LENT) {
         /* a lent request or a hello carries the block's descriptor; a
-         * reply in the block, nothing */
-        size_t want = h->kind == RPC_REQUEST || h->kind == RPC_HELLO ? sizeof(rpc_lend_t) : 0;
-        if ((h->flags & RPC_F_BULK) || got - RPC_HDR != want) {
+         * reply in the block, the head that goes in front of its tail */
+        bool desc = h->kind == RPC_REQUEST || h->kind == RPC_HELLO;
+        bool reply = h->kind == RPC_REPLY || h->kind == RPC_ERROR; /* (HELLO_ACK's credits share head) */
+        size_t want = desc ? sizeof(rpc_lend_t) : reply ? h->head : 0;
+        if ((h->flags & RPC_F_BULK) || got - RPC_HDR != want || (reply && h->head > h->len)) {
             snprintf(why, whylen, "a lent payload's message has %zu bytes past its header, not %zu", got - RPC_HDR,
                      want);
             return NULL;

@@ -46,9 +46,11 @@ enum rpc_kind {
 #define RPC_F_BULK 0x1u
 /* REQUEST: the payload lies in a block of shared memory the client lends
  * (rpc_lend_t inline, the payload from the block's start), which the
- * server maps and reads in place.  REPLY, ERROR: the payload lies in the
- * request's block, from off: handed back with no copy.  HELLO: a probe
- * block rides inline; HELLO_ACK: the server could fetch it (see lend.h). */
+ * server maps and reads in place.  REPLY, ERROR: the payload's last
+ * len - head bytes lie in the request's block from off, handed back with
+ * no copy; its first head bytes ride inline and go in front of them
+ * (head <= off).  HELLO: a probe block rides inline; HELLO_ACK: the
+ * server could fetch it (see lend.h). */
 #define RPC_F_LENT 0x2u
 /* REPLY, ERROR to a lent request: the server still holds a view of the
  * block (its handler kept one), so the client never uses it again. */
@@ -63,7 +65,7 @@ typedef struct rpc_hdr {
     uint32_t cid;      /* the client's id: its reply tag */
     union {
         uint32_t credits;  /* HELLO: wanted; HELLO_ACK: granted */
-        uint32_t head;     /* REQUEST, REPLY with RPC_F_BULK: payload bytes inline */
+        uint32_t head;     /* REQUEST, REPLY with RPC_F_BULK or _LENT: payload bytes inline */
     };
     union {
         uint64_t method;   /* REQUEST: method id; HELLO, HELLO_ACK: service digest */

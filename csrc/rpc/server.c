@@ -691,12 +691,19 @@ static uint8_t *answer_stage(slime_rpc_call_t *call, const rpc_parts_t *m, size_
 
 /* Finishes a call: sends the answer (kind, payload m), waits for it to
  * leave, gives the slot back, frees the call. */
-/* Whether answer m lies whole in the call's lent payload, which nobody
- * here views any more (not kept): it goes back as an offset, no copy. */
-static bool answer_in_block(const slime_rpc_call_t *call, const rpc_parts_t *m) {
-    const uint8_t *p = m->buf;
-    return call->lent && !call->kept && !m->tail_len && m->len && p >= call->data && p <= call->data + call->len &&
-           m->len <= (size_t)(call->data + call->len - p);
+/* Whether answer m goes back in the call's lent payload, which nobody
+ * here views any more (not kept): its one part, or its tail with the
+ * head riding inline (set in *head) to be put in front of the tail there
+ * by the client.  *off: where that part starts in the payload. */
+static bool answer_in_block(const slime_rpc_call_t *call, const rpc_parts_t *m, uint64_t *off, size_t *head) {
+    if (!call->lent || call->kept) return false;
+    const uint8_t *p = m->tail_len ? m->tail : m->buf;
+    size_t n = m->tail_len ? m->tail_len : m->len;
+    *head = m->tail_len ? m->len : 0;
+    size_t room = call->reply_inline > RPC_HDR ? call->reply_inline - RPC_HDR : 0;
+    if (!n || p < call->data || p > call->data + call->len || n > (size_t)(call->data + call->len - p)) return false;
+    *off = (uint64_t)(p - call->data);
+    return *head <= *off && *head <= room;
 }
 
 /* The answer's header, and how many of its bytes ride inline. */
@@ -706,10 +713,13 @@ static size_t answer_header(const slime_rpc_call_t *call, uint8_t kind, const rp
     h->req_id = call->req_id;
     h->len = rpc_parts_total(m);
     if (call->kept) h->flags |= RPC_F_KEPT;
-    if (answer_in_block(call, m)) {
+    uint64_t off;
+    size_t head;
+    if (answer_in_block(call, m, &off, &head)) {
         h->flags |= RPC_F_LENT;
-        h->off = (uint64_t)((const uint8_t *)m->buf - call->data);
-        return 0;
+        h->off = off;
+        h->head = (uint32_t)head;
+        return head;
     }
     return rpc_parts_head(m, room);
 }

@@ -11,17 +11,9 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "transport/shm_peermap.h"
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-#ifndef SYS_pidfd_getfd
-#define SYS_pidfd_getfd 438
-#endif
 
 #define PEERMAP_SLOTS 16
 
@@ -83,10 +75,10 @@ static block_ref_t block_ref(const mr_entry_t *e) {
  * copies); any other is left to CMA, which the kernel checks. */
 static bool map_block(peermap_t *m, const block_ref_t *b, mapping_t *s) {
     if (m->pidfd < 0) {
-        m->pidfd = (int)syscall(SYS_pidfd_open, m->peer_pid, 0);
+        m->pidfd = pidfd_of(m->peer_pid);
         if (m->pidfd < 0) { m->disabled = true; return false; }
     }
-    int fd = (int)syscall(SYS_pidfd_getfd, m->pidfd, b->fd, 0);
+    int fd = pidfd_take_fd(m->pidfd, b->fd);
     if (fd < 0) {
         if (errno == EPERM || errno == ENOSYS || errno == EACCES) m->disabled = true;
         return false;

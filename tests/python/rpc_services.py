@@ -81,11 +81,22 @@ class Blobs:
         self.kept.append(data[8:])
         return bytes(data[:8])
 
+    @rpc.method
+    def tensor_echo(self, t, scale=None):
+        return t if scale is None else t * scale
+
+    @rpc.method
+    def tensor_keep(self, t):
+        """Keeps the argument (it aliases the request); replies its first 4 values."""
+        self.kept.append(t)
+        return t[:4].clone()
+
     @rpc.method(raw=True)
     def kept_intact(self, digest):
         """Whether every kept view still holds what was sent (by its sha256)."""
         import hashlib
-        return b"".join(hashlib.sha256(bytes(v)).digest() for v in self.kept)
+        return b"".join(hashlib.sha256(v.numpy().tobytes() if hasattr(v, "numpy") else bytes(v)).digest()
+                        for v in self.kept)
 
 
 def serve_blobs(rank, size, store, name):

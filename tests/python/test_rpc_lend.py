@@ -1,7 +1,7 @@
-"""Lent payloads between two processes: a large raw call's payload is
-copied once into shared memory the server reads in place, and a reply
-that is a range of it (an echo, a slice changed in place) comes back in
-place.  Over shm every such call is lent; a view the handler keeps past
+"""Lent payloads between two processes: a large call's payload is copied
+once into shared memory the server reads in place, and a reply that is
+a range of it (an echo, a slice changed in place, a tensor argument
+returned) comes back in place.  Over shm every such call is lent; a view the handler keeps past
 its reply keeps the block (the client never writes into it again: the
 server checks by hash); over tcp, or with DLSLIME_RPC_LEND=0, nothing is
 lent.  Every reply is checked against the bytes sent."""
@@ -11,6 +11,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from rpc_services import Blobs, serve_blobs
 from dlslime_torch import rpc
@@ -40,9 +41,16 @@ def _calls(blobs):
     for k in kept:
         assert bytes(blobs.keep(k).wait()) == k[:8]
         assert bytes(blobs.echo(b).wait()) == b              # while the server keeps k's block
-    digests = b"".join(hashlib.sha256(k[8:]).digest() for k in kept)
+    t = torch.randn(MIB)                                     # 4 MiB of float32
+    got = blobs.tensor_echo(t).wait()                        # default method: the tail comes back in place
+    assert torch.equal(got, t)
+    assert torch.equal(blobs.tensor_echo(t, scale=2.0).wait(), t * 2)   # computed: lent, not in place
+    kt = torch.randn(MIB)
+    assert torch.equal(blobs.tensor_keep(kt).wait(), kt[:4])          # the argument kept: its block too
+    assert torch.equal(blobs.tensor_echo(t).wait(), t)
+    digests = b"".join(hashlib.sha256(x).digest() for x in (kept[0][8:], kept[1][8:], kt.numpy().tobytes()))
     assert blobs.kept_intact(b"").wait() == digests, "a block the server kept was written again"
-    return {"lent": 9, "in_place": 5, "kept": 3}
+    return {"lent": 13, "in_place": 7, "kept": 4}
 
 
 def session(rank, size, store, lending):

@@ -204,10 +204,10 @@ typedef struct slime_rpc_call_args {
 } slime_rpc_call_args_t;
 
 /* A large payload may be lent to a server on this host: copied once into
- * shared memory the server reads in place, and a reply that is a range of
- * the request's own payload (an echo, a slice) is read in place too.  For
- * payloads a handler reads as bytes; not for messages whose parts the
- * server decodes into objects that outlive the call. */
+ * shared memory the server reads in place, and a reply whose bytes (or
+ * whose tail part) are a range of the request's own payload (an echo, a
+ * slice) is read in place too.  A server that keeps a view of the payload
+ * past its reply keeps the block; the client lends another next time. */
 #define SLIME_RPC_CALL_LEND 0x1u
 
 /* slime_rpc_call with a payload in two parts and, optionally, the
