@@ -224,7 +224,7 @@ static void on_reply_locked(slime_rpc_client_t *cli, const rpc_hdr_t *h, const u
     }
     if (r->lend) { /* the server is done with the block: it serves the next call, unless kept */
         if (h->flags & RPC_F_KEPT) {
-            lend_forget_locked(cli, r->lend);
+            lend_forget(r->lend);
             cli->lend_stats.kept++;
         }
         lend_block_unref(r->lend);
@@ -349,20 +349,24 @@ static slime_status_t hello_with(slime_rpc_client_t *cli, int64_t timeout_ms, co
         cli->credits = a->credits;
         cli->req_inline = a->slot;
         cli->lend_ok = probe && (a->flags & RPC_F_LENT);
+        cli->lend_max = cli->lend_ok ? a->len : 0;
         repost_locked(cli, head);
         return SLIME_OK;
     }
 }
 
 static slime_status_t hello(slime_rpc_client_t *cli, int64_t timeout_ms) {
-    lend_block_t *probe = lend_wanted(cli->ep) ? lend_block_new(4096) : NULL;
+    lend_block_t *probe = lend_wanted(cli->ep) ? lend_probe_new() : NULL;
     slime_status_t st = hello_with(cli, timeout_ms, probe);
+    if (st == SLIME_OK && probe && probe->cap >= LEND_MIN && lend_keep(probe)) { /* the primed one */
+        cli->lend_stats.blocks++;
+        probe = NULL;
+    }
     lend_block_unref(probe);
     return st;
 }
 
 static void client_free(slime_rpc_client_t *cli) {
-    lend_table_free(cli);
     for (uint32_t i = 0; i < cli->n_slots; i++) rpc_slot_free(cli->slots[i]);
     if (cli->cid) rpc_cid_free(cli->cid);
     pthread_mutex_destroy(&cli->mu);
@@ -459,11 +463,15 @@ void slime_rpc_client_destroy(slime_rpc_client_t *cli) {
 /* A payload worth lending goes into a block of the client's now, copied
  * outside its lock: a large copy would hold up every other caller. */
 static void lend_payload(slime_rpc_client_t *cli, slime_rpc_req_t *r, size_t total) {
+    bool made = false;
+    r->lend = cli->lend_ok && total >= LEND_MIN && total <= cli->lend_max ? lend_take(total, cli->lend_max, &made)
+                                                                          : NULL;
+    if (!r->lend) return;
     pthread_mutex_lock(&cli->mu);
-    r->lend = cli->lend_ok && total >= LEND_MIN ? lend_take_locked(cli, total) : NULL;
-    if (r->lend) cli->lend_stats.lent++;
+    cli->lend_stats.lent++;
+    cli->lend_stats.blocks += made;
     pthread_mutex_unlock(&cli->mu);
-    if (r->lend) rpc_parts_copy(&r->msg, r->lend->map, total);
+    rpc_parts_copy(&r->msg, r->lend->map, total);
 }
 
 slime_status_t slime_rpc_call_args(slime_rpc_client_t *cli, uint64_t method_id, const slime_rpc_call_args_t *a,

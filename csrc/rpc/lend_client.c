@@ -1,5 +1,6 @@
-/* The client's side of lending (see lend.h): its blocks of shared memory,
- * a small table of them reused call after call. */
+/* The client's side of lending (see lend.h): blocks of shared memory, a
+ * small table of them that the process's clients reuse call after call. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -9,6 +10,11 @@
 
 /* Blocks grow in steps of this much: payloads of nearby sizes share one. */
 #define LEND_ROUND (2u << 20)
+/* The first channel's probe, faulted in (as payload_pool.c primes the
+ * pool): the first large call after connect finds its block ready. */
+#define LEND_PRIME_MB 8
+/* Blocks the process keeps. */
+#define LEND_BLOCKS 8
 
 bool lend_wanted(const slime_ep_t *ep) { return ep->verified_pid != 0 && !env_off("DLSLIME_RPC_LEND"); }
 
@@ -36,6 +42,17 @@ lend_block_t *lend_block_new(size_t cap) {
     return b;
 }
 
+lend_block_t *lend_probe_new(void) {
+    static pthread_mutex_t prime_mu = PTHREAD_MUTEX_INITIALIZER;
+    static bool primed;
+    pthread_mutex_lock(&prime_mu);
+    size_t cap = primed ? 0 : env_size("DLSLIME_RPC_POOL_PRIME_MB", LEND_PRIME_MB) << 20;
+    primed = true;
+    pthread_mutex_unlock(&prime_mu);
+    lend_block_t *b = cap >= LEND_MIN ? lend_block_new(cap) : NULL;
+    return b ? b : lend_block_new(4096);
+}
+
 void lend_block_unref(lend_block_t *b) {
     if (!b || atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1) return;
     munmap(b->map, b->cap);
@@ -51,44 +68,69 @@ void lend_describe(const lend_block_t *b, rpc_lend_t *d) {
 
 static bool idle(const lend_block_t *b) { return atomic_load_explicit(&b->refs, memory_order_acquire) == 1; }
 
-lend_block_t *lend_take_locked(slime_rpc_client_t *cli, size_t len) {
-    int best = -1, spare = -1; /* spare: an empty entry, else the smallest idle block */
+/* The process's blocks, shared by its clients (as payload_pool.c's idle
+ * buffers are): a channel opened later finds one faulted in already. */
+static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
+static lend_block_t *table[LEND_BLOCKS];
+
+/* Under table_mu: the entry of the smallest idle block of at least len
+ * bytes (-1: none), and in *spare an empty entry, else the smallest idle
+ * block's (-1: every block busy). */
+static int find_locked(size_t len, size_t max, int *spare) {
+    int best = -1;
+    *spare = -1;
     for (int i = 0; i < LEND_BLOCKS; i++) {
-        lend_block_t *b = cli->lend[i];
+        lend_block_t *b = table[i];
         if (!b) {
-            if (spare < 0 || cli->lend[spare]) spare = i;
+            if (*spare < 0 || table[*spare]) *spare = i;
             continue;
         }
         if (!idle(b)) continue;
-        if (b->cap >= len && (best < 0 || b->cap < cli->lend[best]->cap)) best = i;
-        if (spare < 0 || (cli->lend[spare] && b->cap < cli->lend[spare]->cap)) spare = i;
+        if (b->cap >= len && b->cap <= max && (best < 0 || b->cap < table[best]->cap)) best = i;
+        if (*spare < 0 || (table[*spare] && b->cap < table[*spare]->cap)) *spare = i;
     }
-    if (best < 0 && spare >= 0 && len <= SIZE_MAX - LEND_ROUND) {
-        /* an empty entry, or the smallest idle block, makes way for one large enough */
-        lend_block_t *b = lend_block_new((len + LEND_ROUND - 1) / LEND_ROUND * LEND_ROUND);
+    return best;
+}
+
+lend_block_t *lend_take(size_t len, size_t max, bool *made) {
+    *made = false;
+    pthread_mutex_lock(&table_mu);
+    int spare, best = find_locked(len, max, &spare);
+    size_t cap = len <= SIZE_MAX - LEND_ROUND ? (len + LEND_ROUND - 1) / LEND_ROUND * LEND_ROUND : len;
+    if (best < 0 && spare >= 0) {
+        /* an empty entry, or the smallest idle block, makes way for one
+         * large enough (made under the lock: at most LEND_BLOCKS times
+         * for a size, and a second caller would make another) */
+        lend_block_t *b = lend_block_new(cap < max ? cap : max);
         if (b) {
-            lend_block_unref(cli->lend[spare]);
-            cli->lend[spare] = b;
-            cli->lend_stats.blocks++;
+            lend_block_unref(table[spare]);
+            table[spare] = b;
+            *made = true;
             best = spare;
         }
     }
-    if (best < 0) return NULL;
-    atomic_fetch_add_explicit(&cli->lend[best]->refs, 1, memory_order_relaxed);
-    return cli->lend[best];
+    lend_block_t *b = best < 0 ? NULL : table[best];
+    if (b) atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&table_mu);
+    return b;
 }
 
-void lend_forget_locked(slime_rpc_client_t *cli, lend_block_t *b) {
+bool lend_keep(lend_block_t *b) {
+    pthread_mutex_lock(&table_mu);
+    int spare;
+    (void)find_locked(SIZE_MAX, SIZE_MAX, &spare);
+    bool kept = spare >= 0 && !table[spare];
+    if (kept) table[spare] = b;
+    pthread_mutex_unlock(&table_mu);
+    return kept;
+}
+
+void lend_forget(lend_block_t *b) {
+    pthread_mutex_lock(&table_mu);
     for (int i = 0; i < LEND_BLOCKS; i++)
-        if (cli->lend[i] == b) {
-            cli->lend[i] = NULL;
+        if (table[i] == b) {
+            table[i] = NULL;
             lend_block_unref(b);
         }
-}
-
-void lend_table_free(slime_rpc_client_t *cli) {
-    for (int i = 0; i < LEND_BLOCKS; i++) {
-        lend_block_unref(cli->lend[i]);
-        cli->lend[i] = NULL;
-    }
+    pthread_mutex_unlock(&table_mu);
 }

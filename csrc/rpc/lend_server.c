@@ -22,7 +22,6 @@
 
 struct lend_map {
     slime_list_t link;     /* peer->maps, until detached */
-    uint32_t cid;
     uint64_t ino, size;
     uint8_t *map;
     _Atomic uint32_t refs; /* calls reading it, and the binding's once detached */
@@ -97,22 +96,22 @@ static void trim_locked(rpc_peer_t *p, uint32_t keep) {
     }
 }
 
-static lend_map_t *cached_locked(rpc_peer_t *p, uint32_t cid, const rpc_lend_t *d) {
+static lend_map_t *cached_locked(rpc_peer_t *p, const rpc_lend_t *d) {
     for (slime_list_t *pos = p->maps.next; pos != &p->maps; pos = pos->next) {
         lend_map_t *m = container_of(pos, lend_map_t, link);
-        if (m->cid == cid && m->ino == d->ino && m->size == d->size) return m;
+        if (m->ino == d->ino && m->size == d->size) return m;
     }
     return NULL;
 }
 
-lend_map_t *lend_map_get_locked(rpc_peer_t *p, uint32_t cid, const rpc_lend_t *d, uint64_t len,
-                                uint64_t size_max, char *why, size_t whylen) {
+lend_map_t *lend_map_get_locked(rpc_peer_t *p, const rpc_lend_t *d, uint64_t len, uint64_t size_max, char *why,
+                                size_t whylen) {
     if (d->size == 0 || d->size > size_max || len > d->size || d->zero) {
         snprintf(why, whylen, "a lent block of %llu bytes for a %llu-byte payload (at most %llu)",
                  (unsigned long long)d->size, (unsigned long long)len, (unsigned long long)size_max);
         return NULL;
     }
-    lend_map_t *m = cached_locked(p, cid, d);
+    lend_map_t *m = cached_locked(p, d);
     if (m) {
         atomic_fetch_add(&m->refs, 1);
         return m;
@@ -134,7 +133,7 @@ lend_map_t *lend_map_get_locked(rpc_peer_t *p, uint32_t cid, const rpc_lend_t *d
         if (map != MAP_FAILED) munmap(map, d->size);
         return NULL;
     }
-    *m = (lend_map_t){.cid = cid, .ino = d->ino, .size = d->size, .map = map};
+    *m = (lend_map_t){.ino = d->ino, .size = d->size, .map = map};
     atomic_init(&m->refs, 1);
     list_push_back(&p->maps, &m->link);
     p->n_maps++;

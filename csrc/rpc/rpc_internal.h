@@ -72,7 +72,7 @@ typedef struct rpc_hdr {
         uint64_t off;      /* REPLY, ERROR with RPC_F_LENT: the payload's start in the block */
     };
     uint64_t req_id;   /* HELLO and its answer: a nonce */
-    uint64_t len;      /* payload bytes */
+    uint64_t len;      /* payload bytes; HELLO_ACK with RPC_F_LENT: the largest block lent */
     uint64_t slot;     /* sender's slot size: the receiver's inline limit */
 } rpc_hdr_t;
 
@@ -149,8 +149,6 @@ void rpc_cid_free(uint32_t cid);
 /* ---- lending (lend.h) ---- */
 struct lend_block;
 struct lend_map;
-/* Blocks one client keeps for lending. */
-#define LEND_BLOCKS 4
 
 /* ---- server ---- */
 /* A client endpoint at the server, from its first message until it is
@@ -240,7 +238,7 @@ struct slime_rpc_client {
     char broken_text[256];
     _Atomic int waiters;          /* threads waiting on its requests */
     bool lend_ok;                 /* the server fetched the hello's probe block */
-    struct lend_block *lend[LEND_BLOCKS]; /* NULL: an empty entry */
+    uint64_t lend_max;            /* ...and maps blocks of up to this many bytes */
     slime_rpc_lend_stats_t lend_stats;
 };
 

@@ -66,7 +66,7 @@ static void send_small(slime_ep_t *ep, const rpc_hdr_t *h, const char *text, siz
     uint8_t *buf = malloc(RPC_HDR + text_len);
     if (!buf) return; /* the client times out */
     memcpy(buf, h, RPC_HDR);
-    ((rpc_hdr_t *)buf)->len = text_len;
+    if (text_len) ((rpc_hdr_t *)buf)->len = text_len; /* (a lending HELLO_ACK says its limit there) */
     if (text_len) memcpy(buf + RPC_HDR, text, text_len);
     slime_req_t *req = NULL;
     if (slime_send(ep, buf, RPC_HDR + text_len, rpc_tag(RPC_TAG_REPLY, h->cid), &req) != SLIME_OK) {
@@ -95,7 +95,8 @@ static void send_error(slime_ep_t *ep, uint32_t cid, uint64_t req_id, const char
     send_small(ep, &h, text, (size_t)n + 1);
 }
 
-static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const rpc_hdr_t *in, const uint8_t *inl) {
+static void answer_hello_locked(slime_rpc_server_t *srv, rpc_peer_t *peer, const rpc_hdr_t *in, const uint8_t *inl) {
+    slime_ep_t *ep = peer->ep;
     if (in->version != SLIME_RPC_VERSION) {
         send_error(ep, in->cid, in->req_id, "RPC version mismatch: the client speaks %u, the server %u",
                    in->version, SLIME_RPC_VERSION);
@@ -123,7 +124,14 @@ static void answer_hello_locked(slime_rpc_server_t *srv, slime_ep_t *ep, const r
     if (in->flags & RPC_F_LENT) { /* the client offers to lend: can we fetch its probe? */
         rpc_lend_t d;
         memcpy(&d, inl, sizeof d);
-        if (lend_probe_ok(ep->verified_pid, &d)) h.flags |= RPC_F_LENT;
+        char why[160];
+        /* a probe that is a block to lend is mapped now, not by the first call */
+        lend_map_t *m = d.size >= LEND_MIN ? lend_map_get_locked(peer, &d, 0, srv->bulk_budget, why, sizeof why) : NULL;
+        if (m) lend_map_put_locked(peer, m);
+        if (m || lend_probe_ok(ep->verified_pid, &d)) {
+            h.flags |= RPC_F_LENT;
+            h.len = srv->bulk_budget; /* the largest block it maps */
+        }
     }
     send_small(ep, &h, NULL, 0);
 }
@@ -296,7 +304,7 @@ static slime_rpc_call_t *take_lent_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     memcpy(&d, slot->buf + RPC_HDR, sizeof d);
     slot_repost_locked(srv, slot);
     char why[200];
-    call->lent = lend_map_get_locked(call->peer, call->cid, &d, call->len, srv->bulk_budget, why, sizeof why);
+    call->lent = lend_map_get_locked(call->peer, &d, call->len, srv->bulk_budget, why, sizeof why);
     if (!call->lent) {
         send_error(call->ep, call->cid, call->req_id, "the server cannot read the lent payload: %s", why);
         call_end_locked(srv, call);
@@ -328,7 +336,7 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     }
     if (h->kind == RPC_HELLO) {
         peers_sweep_locked(srv); /* one comes: let those gone go */
-        answer_hello_locked(srv, ep, h, slot->buf + RPC_HDR);
+        answer_hello_locked(srv, peer, h, slot->buf + RPC_HDR);
         slot_repost_locked(srv, slot);
         return NULL;
     }
