@@ -328,6 +328,7 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     char why[160];
     const rpc_hdr_t *h = rpc_slot_header(slot, why, sizeof why);
     slime_ep_t *ep = slime_req_ep(slot->req);
+    if (h && h->kind == RPC_HELLO) peers_sweep_locked(srv); /* one comes: let those gone go (before its own entry) */
     rpc_peer_t *peer = peer_get_locked(srv, ep);
     /* not ours to answer (or no memory to): nothing tells us where a reply would go */
     if (!h || !peer) {
@@ -335,7 +336,6 @@ static slime_rpc_call_t *take_slot_locked(slime_rpc_server_t *srv, rpc_slot_t *s
         return NULL;
     }
     if (h->kind == RPC_HELLO) {
-        peers_sweep_locked(srv); /* one comes: let those gone go */
         answer_hello_locked(srv, peer, h, slot->buf + RPC_HDR);
         slot_repost_locked(srv, slot);
         return NULL;

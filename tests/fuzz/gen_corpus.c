@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 
 #include "fuzz.h"
-#include "rpc/rpc_internal.h"
+#include "rpc/lend.h"
 #include "transport/shm_internal.h"
 #ifdef SLIME_HAVE_VERBS
 #include <infiniband/verbs.h>
@@ -156,6 +156,15 @@ static void rpc_seeds(void) {
     rpc_msg(&b, mbox, &r, NULL, 0);
     frame(&b, F_EAGER, 0, 0, 0, rpc_bulk_tag(RPC_TAG_BULK_REQ, 3, 2), 0, 0, 0, bulk, sizeof bulk);
     save("rpc", "hello_request_bulk", &b);
+    buf_t l = {0}; /* lending (rpc/lend.h): a hello with a probe, a lent request and an in-block echo */
+    rpc_lend_t probe = {.fd = 3, .ino = 1, .size = 4096};
+    hello.flags = RPC_F_LENT;
+    rpc_msg(&l, mbox, &hello, &probe, sizeof probe);
+    hello.flags = 0;
+    r = rpc_request(8, 1u << 20, RPC_F_LENT);
+    rpc_lend_t block = {.fd = 3, .ino = 1, .size = 2u << 20};
+    rpc_msg(&l, mbox, &r, &block, sizeof block);
+    save("rpc", "lent_request", &l);
     buf_t e = {0};
     r = rpc_request(4, 2u << 20, RPC_F_BULK); /* over the target's budget */
     rpc_msg(&e, mbox, &r, NULL, 0);
