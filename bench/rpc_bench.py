@@ -76,19 +76,27 @@ def free_port(host="127.0.0.1"):
         return s.getsockname()[1]
 
 
+# The driver's own tensor work (making payloads, checking replies) is
+# numpy's, on one thread: torch's parallel ops (torch.equal on 1 MiB)
+# leave OpenMP threads spinning for milliseconds, which on 2 cores took
+# the core of the calls timed next (the first 10-20 took 1-5 ms, down
+# to 60 us), and --quick's 10 iterations at 1 MiB measured that spin.
+# numpy rather than torch.set_num_threads(1): the peers' clients share
+# this process, and their own threads are left as they are.
 def payload(kind, size):
     if kind == "raw":
         return os.urandom(size)
     if kind == "tensor":
+        import numpy as np
         import torch
-        return torch.randn(size // 4)
+        return torch.from_numpy(np.random.default_rng().standard_normal(size // 4, dtype=np.float32))
     return dict(OBJ)
 
 
 def same(kind, got, sent):
     if kind == "tensor":
-        import torch
-        return torch.equal(got, sent)
+        import numpy as np
+        return np.array_equal(got.numpy(), sent.numpy())
     return bytes(got) == sent if kind == "raw" else got == sent
 
 
@@ -700,6 +708,7 @@ def plot(rows, path):
     axes[2].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
 
 
 def main():
