@@ -162,6 +162,11 @@ bool memfd_check(int fd, size_t *len, char *why, size_t whylen);
  * (the kernel's ptrace access check, as for CMA); -1 with errno. */
 int pidfd_of(int pid);
 int pidfd_take_fd(int pidfd, int fd);
+/* A peer's memfd fd taken through its pidfd and checked against what the
+ * peer said of it: sealed against resizing (memfd_check), at least len
+ * bytes, of inode ino.  -1 with why filled: errno is the take's when the
+ * kernel refused it, else EINVAL. */
+int memfd_take_checked(int pidfd, int fd, uint64_t len, uint64_t ino, char *why, size_t whylen);
 
 /* shmem.c: every context's table hears of freed blocks (mem_frees). */
 slime_status_t shmem_table_add(mr_shared_t *t);

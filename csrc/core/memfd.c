@@ -57,3 +57,24 @@ bool memfd_check(int fd, size_t *len, char *why, size_t whylen) {
 int pidfd_of(int pid) { return (int)syscall(SYS_pidfd_open, (pid_t)pid, 0); }
 
 int pidfd_take_fd(int pidfd, int fd) { return (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0); }
+
+int memfd_take_checked(int pidfd, int fd, uint64_t len, uint64_t ino, char *why, size_t whylen) {
+    int got = pidfd_take_fd(pidfd, fd);
+    if (got < 0) {
+        int e = errno;
+        snprintf(why, whylen, "fetching it: %s", strerror(e));
+        errno = e;
+        return -1;
+    }
+    size_t have = 0;
+    struct stat sb;
+    bool ok = memfd_check(got, &have, why, whylen);
+    if (ok && (have < len || fstat(got, &sb) < 0 || (uint64_t)sb.st_ino != ino)) {
+        snprintf(why, whylen, "not the memfd its descriptor names");
+        ok = false;
+    }
+    if (ok) return got;
+    close(got);
+    errno = EINVAL; /* a peer's claim was wrong: not a reason to stop asking */
+    return -1;
+}

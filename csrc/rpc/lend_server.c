@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "rpc/lend.h"
@@ -38,24 +37,14 @@ static int fetch_checked(uint32_t pid, const rpc_lend_t *d, char *why, size_t wh
         return -1;
     }
     int pidfd = pidfd_of((int)pid);
-    int fd = pidfd < 0 ? -1 : pidfd_take_fd(pidfd, d->fd);
-    int e = errno;
-    if (pidfd >= 0) close(pidfd);
-    if (fd < 0) {
-        snprintf(why, whylen, "fetching the lent block: %s", strerror(e));
+    if (pidfd < 0) {
+        snprintf(why, whylen, "fetching the lent block: %s", strerror(errno));
         return -1;
     }
-    size_t len = 0;
-    struct stat sb;
-    if (!memfd_check(fd, &len, why, whylen)) {
-        close(fd);
-        return -1;
-    }
-    if (len < d->size || fstat(fd, &sb) < 0 || (uint64_t)sb.st_ino != d->ino) {
-        snprintf(why, whylen, "the lent block is not the memfd its descriptor names");
-        close(fd);
-        return -1;
-    }
+    char what[128];
+    int fd = memfd_take_checked(pidfd, d->fd, d->size, d->ino, what, sizeof what);
+    close(pidfd);
+    if (fd < 0) snprintf(why, whylen, "the lent block: %s", what);
     return fd;
 }
 

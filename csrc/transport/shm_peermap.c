@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "transport/shm_peermap.h"
@@ -78,17 +77,14 @@ static bool map_block(peermap_t *m, const block_ref_t *b, mapping_t *s) {
         m->pidfd = pidfd_of(m->peer_pid);
         if (m->pidfd < 0) { m->disabled = true; return false; }
     }
-    int fd = pidfd_take_fd(m->pidfd, b->fd);
+    if (b->len == 0) return false;
+    char why[64];
+    int fd = memfd_take_checked(m->pidfd, b->fd, b->len, b->ino, why, sizeof why);
     if (fd < 0) {
         if (errno == EPERM || errno == ENOSYS || errno == EACCES) m->disabled = true;
         return false;
     }
-    struct stat sb;
-    size_t len;
-    char why[48];
-    bool ok = b->len > 0 && memfd_check(fd, &len, why, sizeof why) && len >= b->len &&
-              fstat(fd, &sb) == 0 && (uint64_t)sb.st_ino == b->ino;
-    void *p = ok ? mmap(NULL, b->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    void *p = mmap(NULL, b->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return false;
     *s = (mapping_t){.ino = b->ino, .map = p, .len = b->len, .owner_base = b->base};
