@@ -82,9 +82,11 @@ typedef struct lend_map lend_map_t;
 bool lend_probe_ok(uint32_t pid, const rpc_lend_t *d);
 /* Under srv->mu: the mapping of the block d names, lent by peer p for a
  * payload of len bytes, with a reference for the call; NULL with a
- * reason in why.  size_max bounds what a peer may make us map. */
-lend_map_t *lend_map_get_locked(rpc_peer_t *p, const rpc_lend_t *d, uint64_t len, uint64_t size_max, char *why,
-                                size_t whylen);
+ * reason in why.  size_max bounds what a peer may make us map.  prefault:
+ * a new mapping has its pages faulted in now (a hello's probe: the first
+ * handler that reads or writes its payload takes no fault per page). */
+lend_map_t *lend_map_get_locked(rpc_peer_t *p, const rpc_lend_t *d, uint64_t len, uint64_t size_max, bool prefault,
+                                char *why, size_t whylen);
 uint8_t *lend_map_base(const lend_map_t *m);
 /* Under srv->mu: the call is done with m (it stays cached for the next
  * lend of its block). */

@@ -93,8 +93,8 @@ static lend_map_t *cached_locked(rpc_peer_t *p, const rpc_lend_t *d) {
     return NULL;
 }
 
-lend_map_t *lend_map_get_locked(rpc_peer_t *p, const rpc_lend_t *d, uint64_t len, uint64_t size_max, char *why,
-                                size_t whylen) {
+lend_map_t *lend_map_get_locked(rpc_peer_t *p, const rpc_lend_t *d, uint64_t len, uint64_t size_max, bool prefault,
+                                char *why, size_t whylen) {
     if (d->size == 0 || d->size > size_max || len > d->size || d->zero) {
         snprintf(why, whylen, "a lent block of %llu bytes for a %llu-byte payload (at most %llu)",
                  (unsigned long long)d->size, (unsigned long long)len, (unsigned long long)size_max);
@@ -112,7 +112,11 @@ lend_map_t *lend_map_get_locked(rpc_peer_t *p, const rpc_lend_t *d, uint64_t len
     }
     int fd = fetch_checked(p->ep->verified_pid, d, why, whylen);
     if (fd < 0) return NULL;
-    void *map = mmap(NULL, d->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* Faulting in costs about as much as reading every page once (and a
+     * fifth of writing each once), so only where no call waits for it;
+     * a call's new mapping is left to fault as its handler touches it
+     * (an echo or a forward touches nothing). */
+    void *map = mmap(NULL, d->size, PROT_READ | PROT_WRITE, MAP_SHARED | (prefault ? MAP_POPULATE : 0), fd, 0);
     int e = errno;
     close(fd);
     m = map == MAP_FAILED ? NULL : calloc(1, sizeof *m);

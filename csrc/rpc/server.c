@@ -126,7 +126,7 @@ static void answer_hello_locked(slime_rpc_server_t *srv, rpc_peer_t *peer, const
         memcpy(&d, inl, sizeof d);
         char why[160];
         /* a probe that is a block to lend is mapped now, not by the first call */
-        lend_map_t *m = d.size >= LEND_MIN ? lend_map_get_locked(peer, &d, 0, srv->bulk_budget, why, sizeof why) : NULL;
+        lend_map_t *m = d.size >= LEND_MIN ? lend_map_get_locked(peer, &d, 0, srv->bulk_budget, true, why, sizeof why) : NULL;
         if (m) lend_map_put_locked(peer, m);
         if (m || lend_probe_ok(ep->verified_pid, &d)) {
             h.flags |= RPC_F_LENT;
@@ -304,7 +304,7 @@ static slime_rpc_call_t *take_lent_locked(slime_rpc_server_t *srv, rpc_slot_t *s
     memcpy(&d, slot->buf + RPC_HDR, sizeof d);
     slot_repost_locked(srv, slot);
     char why[200];
-    call->lent = lend_map_get_locked(call->peer, &d, call->len, srv->bulk_budget, why, sizeof why);
+    call->lent = lend_map_get_locked(call->peer, &d, call->len, srv->bulk_budget, false, why, sizeof why);
     if (!call->lent) {
         send_error(call->ep, call->cid, call->req_id, "the server cannot read the lent payload: %s", why);
         call_end_locked(srv, call);

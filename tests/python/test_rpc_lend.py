@@ -78,3 +78,27 @@ def test_lent_calls(transport):
 def test_lending_turned_off():
     env = {"DLSLIME_TRANSPORT": "shm", "DLSLIME_RPC_LEND": "0"}
     assert run_job(2, session, False, env=env)[0] == "ok"
+
+
+def first_call_faults(rank, size, store):
+    if rank == 1:
+        return serve_blobs(rank, size, store, "blobs")
+    rpc.init("client", store=store)
+    try:
+        with rpc.proxy("blobs", Blobs, timeout=60) as blobs:
+            faults = int(bytes(blobs.write_pages(bytes(4 * MIB)).wait()))
+            stats = blobs.lend_stats()
+    finally:
+        store.set("stop", "1")
+        rpc.shutdown()
+    assert stats["lent"] == 1, stats
+    return faults
+
+
+def test_first_call_finds_its_pages_mapped():
+    """The process's first connect lends a primed block that the server
+    maps at the hello with its pages faulted in: a handler writing every
+    page of the first call's 4 MiB payload takes no fault per page (it
+    took one for each of the 1024 before)."""
+    faults = run_job(2, first_call_faults, env={"DLSLIME_TRANSPORT": "shm"})[0]
+    assert faults < 64, f"{faults} page faults writing 1024 pages of the first lent payload"
