@@ -236,11 +236,7 @@ class SlimeClient(Client):
         if not same("tensor", back, x):
             raise RuntimeError("cold: the reply differs from the request")
         del back
-        tight = [timed()[0] for _ in range(COLD_CALLS)]
-        paused = []
-        for _ in range(COLD_CALLS):
-            time.sleep(pause_s)
-            paused.append(timed()[0])
+        paused, tight = paused_and_tight(lambda: timed()[0], pause_s)
         return [first], paused, tight
 
     def call(self, kind, x):
@@ -409,12 +405,11 @@ def pair_rows(name, size, client, quick, rounds):
     while len(times["raw"]) < n and time.monotonic() < end:
         for kind in PAIR_KINDS:
             t0 = time.perf_counter()
-            back = client.call(kind, xs[kind])
+            client.call(kind, xs[kind])
             times[kind].append(time.perf_counter() - t0)
-    for kind in PAIR_KINDS:   # the last replies: what the calls did
+    for kind in PAIR_KINDS:   # one more reply each: what the calls did
         if not same(kind, client.call(kind, xs[kind]), xs[kind]):
             raise RuntimeError(f"pair {kind}: the reply differs from the request")
-    del back
     return [{"system": name, "where": "local", "kind": f"pair-{kind}", "bytes": size, "iters": len(ts),
              "p50_us": statistics.median(ts) * 1e6, "avg_us": statistics.fmean(ts) * 1e6}
             for kind, ts in times.items()]
@@ -489,6 +484,12 @@ def copy_times(pause_s):
         t0 = time.perf_counter()
         np.copyto(dst, src)
         return (time.perf_counter() - t0) * 1e6
+    return paused_and_tight(timed, pause_s)
+
+
+def paused_and_tight(timed, pause_s):
+    """COLD_CALLS runs of timed() back to back, then COLD_CALLS each after
+    a pause: (the paused times, the back-to-back ones)."""
     tight = [timed() for _ in range(COLD_CALLS)]
     paused = []
     for _ in range(COLD_CALLS):
@@ -821,7 +822,6 @@ def plot(rows, path):
     axes[2].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-
 
 
 def main():

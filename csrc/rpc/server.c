@@ -126,7 +126,8 @@ static void answer_hello_locked(slime_rpc_server_t *srv, rpc_peer_t *peer, const
         memcpy(&d, inl, sizeof d);
         char why[160];
         /* a probe that is a block to lend is mapped now, not by the first call */
-        lend_map_t *m = d.size >= LEND_MIN ? lend_map_get_locked(peer, &d, 0, srv->bulk_budget, true, why, sizeof why) : NULL;
+        lend_map_t *m =
+            d.size >= LEND_MIN ? lend_map_get_locked(peer, &d, 0, srv->bulk_budget, true, why, sizeof why) : NULL;
         if (m) lend_map_put_locked(peer, m);
         if (m || lend_probe_ok(ep->verified_pid, &d)) {
             h.flags |= RPC_F_LENT;

@@ -73,11 +73,11 @@ static block_ref_t block_ref(const mr_entry_t *e) {
  * a memfd sealed against shrinking is mapped (a shrink would fault our
  * copies); any other is left to CMA, which the kernel checks. */
 static bool map_block(peermap_t *m, const block_ref_t *b, mapping_t *s) {
+    if (b->len == 0) return false;
     if (m->pidfd < 0) {
         m->pidfd = pidfd_of(m->peer_pid);
         if (m->pidfd < 0) { m->disabled = true; return false; }
     }
-    if (b->len == 0) return false;
     char why[64];
     int fd = memfd_take_checked(m->pidfd, b->fd, b->len, b->ino, why, sizeof why);
     if (fd < 0) {
