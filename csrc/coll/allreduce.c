@@ -66,6 +66,8 @@ static bool allreduce_exec(coll_run_t *r, const coll_op_t *op) {
     const int n = r->comm->size;
     const size_t es = slime_dtype_size(op->dtype);
     if (n == 1 || op->count == 0) return true;
+    if (pairbox_usable(r, op->count * es)) return pairbox_allreduce(r, op);
+    if (!run_ok(r)) return false;
     /* both ends of a connection see the same transport: the ranks agree */
     bool shm_pair = n == 2 && p2p_ep_can(r->comm->peers[1 - r->comm->rank], P2P_CAP_CPU_RMA);
     size_t small = shm_pair ? coll_pair_small_bytes() : coll_small_bytes();

@@ -74,6 +74,13 @@ struct slime_comm {
     abort_msg_t *abort_out;
     slime_req_t **abort_sends;      /* size entries */
 
+    /* two ranks on one host: small collectives through a shared box
+     * (pairbox.c); whoever runs the collective uses it */
+    enum { PAIRBOX_UNKNOWN, PAIRBOX_ON, PAIRBOX_OFF } box_state;
+    p2p_box_t box;
+    uint64_t box_seq;               /* the last message's number */
+    uint64_t box_peer_done;         /* the peer read our messages up to this one */
+
     /* the worker's alone */
     void *scratch;
     size_t scratch_cap;
@@ -265,10 +272,23 @@ void ring_block(const ring_plan_t *p, int n, int b, size_t *off, size_t *len);
 uint8_t *ring_at(const ring_plan_t *p, int n, int b, size_t first);
 const uint8_t *ring_src_at(const ring_plan_t *p, int n, int b, size_t first);
 
+/* ---- pairbox.c: two ranks on one host, small collectives through a shared box ---- */
+/* Whether the collective being run moves its bytes (each rank's, at most
+ * coll_pair_box_bytes()) through the box.  The first time, the two ranks
+ * agree on one (a message each way): false also when that failed, which
+ * run_ok tells. */
+bool pairbox_usable(coll_run_t *r, size_t bytes);
+bool pairbox_allreduce(coll_run_t *r, const coll_op_t *op);
+/* At destroy: gives the box back. */
+void pairbox_close(slime_comm_t *comm);
+
 /* ---- tuning (tuning.c) ---- */
 size_t coll_chunk_bytes(void);      /* pipeline unit; $DLSLIME_COLL_CHUNK */
 size_t coll_small_bytes(void);      /* latency algorithms up to this; $DLSLIME_COLL_SMALL */
 size_t coll_pair_small_bytes(void); /* the same for a 2-rank all_reduce over shm; $DLSLIME_COLL_SMALL_PAIR */
+/* Two ranks on one host move up to this many bytes each through a shared
+ * box ($DLSLIME_PAIR_BOX_MAX; DLSLIME_PAIR_BOX=0: never) */
+size_t coll_pair_box_bytes(void);
 /* run_send_sync goes by rendezvous from this size; $DLSLIME_COLL_SYNC_MIN */
 size_t coll_sync_bytes(void);
 /* The CPUs this process may run on (its affinity mask). */

@@ -103,6 +103,7 @@ void slime_comm_destroy(slime_comm_t *comm) {
     coll_live_remove(comm); /* no waiter may start a collective of it now */
     coll_worker_stop(comm);
     abort_channel_close(comm);
+    pairbox_close(comm);
     comm_drop_stale(comm->ctx, comm->id, comm->epoch, true);
     if (comm->rma_scratch_mr) slime_mr_dereg(comm->rma_scratch_mr);
     free(comm->rma_scratch);

@@ -53,10 +53,10 @@ static bool fail_at(coll_run_t *r, slime_status_t st, const xfer_t *x, const cha
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     /* the last steps name messages outside the algorithm's rounds */
-    static const char *const last[] = {"to-root", "link set-up", "end-of-reads"};
+    static const char *const last[] = {"to-root", "link set-up", "end-of-reads", "box offer"};
     char step[32];
     uint32_t from_top = COLL_STEP_LIMIT - 1 - x->step;
-    if (from_top < 3)
+    if (from_top < 4)
         snprintf(step, sizeof step, "%s", last[from_top]);
     else
         snprintf(step, sizeof step, "%u", x->step);

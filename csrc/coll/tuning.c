@@ -54,6 +54,15 @@ size_t coll_pair_small_bytes(void) {
     return knob_get(&k, "DLSLIME_COLL_SMALL_PAIR", 32 * 1024, 0);
 }
 
+/* Past 4 KiB the box lost to messages: p2p_bench allreduce, alternating
+ * runs with DLSLIME_PAIR_BOX=0, 8 B 0.6-0.8 us against 1.7-1.9, 2 KiB
+ * 1.1-1.2 against 2.5-2.7, 4 KiB 2.2-2.8 against 3.0-3.3, 8 KiB
+ * 5.2-6.1 against 4.8-5.2 */
+size_t coll_pair_box_bytes(void) {
+    static knob_t k;
+    return knob_get(&k, "DLSLIME_PAIR_BOX_MAX", 4096, 0);
+}
+
 size_t coll_sync_bytes(void) {
     static knob_t k;
     return knob_get(&k, "DLSLIME_COLL_SYNC_MIN", 32 * 1024, 0);

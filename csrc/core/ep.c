@@ -284,6 +284,8 @@ slime_status_t slime_ep_status(const slime_ep_t *ep) {
     return s == EP_DOWN ? ep->down_status : SLIME_OK;
 }
 
+const char *p2p_ep_down_reason(const slime_ep_t *ep) { return ep_state(ep) == EP_DOWN ? ep->down_reason : ""; }
+
 /* Under ctx->lock: what ep's transport took is all with the peer. */
 static bool ep_tx_settled(slime_ep_t *ep) {
     return ep->state != EP_UP || !ep->tp->tx_unsent || !ep->tp->tx_unsent(ep);

@@ -282,6 +282,10 @@ struct slime_ep {
     bool pinged;                /* a ping is out since quiet_since */
     bool ping_queued;           /* ...and still waits in txq */
     size_t held;                /* items this peer makes us hold (budget.c) */
+    uint32_t box_taken;         /* shared box slots reserved or open here (box.c), under ctx->lock */
+    /* waits on the peer by a layer above, on a box: the core sees no
+     * request, so liveness counts these (p2p_ep_wait_begin) */
+    _Atomic unsigned outside_waits;
     /* Its life.  holds: the application's (slime_ep_hold/release; each
      * connect and accept hands one out), under ctx->lock.  refs: pointers
      * to it, one the context's (ctx->eps) and one for each request and
@@ -472,6 +476,7 @@ struct slime_ctx {
     int n_parked;               /* endpoints with rx.parked (proto_set_parked) */
     _Atomic uint64_t unexp_copies; /* SLIME_COUNTER_UNEXPECTED_COPIES */
     _Atomic uint64_t parks;     /* SLIME_COUNTER_PARKED */
+    _Atomic uint64_t box_ops;   /* SLIME_COUNTER_BOX_OPS */
 };
 
 /* team.c: splits a chunked job between the calling thread and the

@@ -5,7 +5,9 @@
  * this, whoever waits on it waits for its own timeout.  So while an
  * operation of ours needs the peer's progress engine (a receive from it, a
  * send it must take or answer, a one-sided op its engine serves, an
- * immediate it must send) and nothing has come from the peer for a
+ * immediate it must send) or a layer above waits on it where the core sees
+ * no request (a shared box: p2p_ep_wait_begin), and nothing has come from
+ * the peer for a
  * quarter of the silence limit, we ping it; its progress thread answers,
  * whatever its Python threads are doing.  Still nothing when the silence
  * limit (DLSLIME_PEER_SILENCE_MS) is up: the endpoint fails with
@@ -90,7 +92,7 @@ static bool needs_peer(const slime_ep_t *ep, const slime_req_t *r) {
 }
 
 static bool waits_on_peer(slime_ep_t *ep) {
-    if (!list_empty(&ep->imm_waiters)) return true;
+    if (!list_empty(&ep->imm_waiters) || atomic_load(&ep->outside_waits)) return true;
     if (ep->tp->waits_on_peer && ep->tp->waits_on_peer(ep)) return true;
     for (const slime_list_t *pos = ep->pending.next; pos != &ep->pending; pos = pos->next)
         if (needs_peer(ep, container_of(pos, slime_req_t, eplink))) return true;
@@ -155,7 +157,8 @@ int live_sleep_ms(slime_ctx_t *ctx, int ms) {
     for (pos = ctx->eps.next; pos != &ctx->eps && !soon; pos = pos->next) {
         slime_ep_t *ep = container_of(pos, slime_ep_t, link);
         soon = ep->state == EP_UP &&
-               (!list_empty(&ep->pending) || !list_empty(&ep->imm_waiters) || rx_held_back(&ep->rx));
+               (!list_empty(&ep->pending) || !list_empty(&ep->imm_waiters) || rx_held_back(&ep->rx) ||
+                atomic_load(&ep->outside_waits));
     }
     if (!soon) return ms;
     uint64_t t = now_ns();

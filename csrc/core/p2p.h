@@ -94,6 +94,9 @@ slime_ctx_t *p2p_ep_ctx(const slime_ep_t *ep);
  * requests fail, and every later one says why, naming the peer. */
 void p2p_ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Why ep went down ("" while it is up); as long-lived as ep. */
+const char *p2p_ep_down_reason(const slime_ep_t *ep);
+
 /* What an endpoint's transport can do, for the algorithms that choose a
  * path by it (bits, so that a transport can answer several). */
 typedef enum p2p_cap {
@@ -103,5 +106,41 @@ typedef enum p2p_cap {
     P2P_CAP_CPU_RMA = 1u << 0,
 } p2p_cap_t;
 bool p2p_ep_can(const slime_ep_t *ep, p2p_cap_t cap);
+
+/* ---- shared boxes (core/box.c) ---- */
+/* A few areas of memory that both processes of a same-host connection map
+ * (the shm transport's), for a layer above the core to lay out and poll
+ * by itself, with no request, frame or lock: a small collective of two
+ * ranks costs a cache line each way that way (coll/pairbox.c).  A box
+ * has a side per process, len bytes each: this one writes `mine`, which
+ * the peer reads, and reads `theirs`.  Slots are numbered alike at both
+ * ends, but each end claims them on its own: the layer above agrees on
+ * one with the peer.  Whatever is in `theirs` is the peer's to write at
+ * any time: read it as untrusted. */
+typedef struct p2p_box {
+    uint8_t *mine;
+    const uint8_t *theirs;
+    size_t len;
+    int slot;
+    slime_ep_t *ep;                 /* referred to while open */
+    void *hold;                     /* the transport's: keeps the memory mapped */
+} p2p_box_t;
+/* Reserves every slot free here and returns them, a bit each: 0 when
+ * there are none (the transport has no boxes, the endpoint is down). */
+uint32_t p2p_box_reserve(slime_ep_t *ep);
+/* Gives back reserved slots that will not be opened. */
+void p2p_box_unreserve(slime_ep_t *ep, uint32_t slots);
+/* Opens a slot p2p_box_reserve gave: *box stays mapped, and ep alive,
+ * until p2p_box_close, even after the connection is gone.  False (the
+ * slot given back) if the endpoint went down meanwhile. */
+bool p2p_box_open(slime_ep_t *ep, int slot, p2p_box_t *box);
+void p2p_box_close(p2p_box_t *box);
+/* Brackets a wait on ep's peer that the core does not see (on a box):
+ * peer liveness watches the peer meanwhile, as it does for a receive,
+ * so a stopped peer fails ep within the silence limit. */
+void p2p_ep_wait_begin(slime_ep_t *ep);
+void p2p_ep_wait_end(slime_ep_t *ep);
+/* One more collective that went through a box (SLIME_COUNTER_BOX_OPS). */
+void p2p_count_box_op(slime_ctx_t *ctx);
 
 #endif

@@ -141,6 +141,7 @@ static const int_constant_t int_constants[] = {
     {"COUNTER_TCP_CMA_FETCHES", SLIME_COUNTER_TCP_CMA_FETCHES},
     {"COUNTER_UNEXPECTED_COPIES", SLIME_COUNTER_UNEXPECTED_COPIES},
     {"COUNTER_PARKED", SLIME_COUNTER_PARKED},
+    {"COUNTER_BOX_OPS", SLIME_COUNTER_BOX_OPS},
 };
 
 static int add_types(PyObject *module)

@@ -98,16 +98,23 @@ void *shm_map_ring(int fd, size_t len, bool creator) {
 
 shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, uint64_t ring, mr_shared_t *peer, bool dialer) {
     shm_conn_t *c = calloc(1, sizeof *c);
-    if (!c) return NULL;
+    shm_mapping_t *m = malloc(sizeof *m);
+    if (!c || !m) {
+        free(c);
+        free(m);
+        return NULL;
+    }
+    *m = (shm_mapping_t){.addr = seg, .len = seg_len};
+    atomic_init(&m->refs, 1);
     seg_hdr_t *h = (seg_hdr_t *)seg;
     c->sock = sock;
-    c->seg = seg;
-    c->seg_len = seg_len;
+    c->seg = m;
+    c->dialer = dialer;
     c->size = ring;
     /* no larger than the ring: a copy wraps around it at most once, even
      * where the peer has scribbled over the ring's head and tail */
     c->chunk = min_sz(env_size("DLSLIME_SHM_CHUNK", 256 * 1024), ring);
-    uint8_t *d0 = seg + SEG_HDR, *d1 = d0 + ring;
+    uint8_t *d0 = seg + SEG_HDR + SHM_BOX_AREA, *d1 = d0 + ring;
     c->tx = &h->ring[dialer ? 0 : 1];
     c->rx = &h->ring[dialer ? 1 : 0];
     c->txd = dialer ? d0 : d1;
@@ -125,7 +132,7 @@ static void shm_close(slime_ep_t *ep) {
     shm_conn_t *c = ep->conn;
     if (!c) return;
     close(c->sock);
-    munmap(c->seg, c->seg_len);
+    shm_mapping_put(c->seg);
     peermap_free(c->map);
     munmap(c->peer, sizeof(mr_shared_t));
     free(c);
@@ -171,4 +178,7 @@ const transport_ops_t slime_shm_transport = {
     .rx_peek = shm_rx_peek,
     .rx_consume = shm_rx_consume,
     .verified_pid = shm_verified_pid,
+    .box_slots = shm_box_slots,
+    .box_open = shm_box_open,
+    .box_release = shm_box_release,
 };

@@ -4,6 +4,7 @@
  *   shm_handshake.c  listening, dialing and accepting (segment and MR
  *                    table fds passed over a unix socket)
  *   shm_ring.c       the two rings of the frame stream, and doorbells
+ *   shm_box.c        the shared boxes (p2p_box_t) between header and rings
  *   shm_rma.c        one-sided ops by CMA or mapped blocks, split among
  *                    the copy team, small ones coalesced */
 #ifndef SLIME_SHM_INTERNAL_H
@@ -14,6 +15,15 @@
 
 #define SEG_MAGIC 0x534c494d45534547ull
 #define SEG_HDR 4096
+/* The shared boxes (shm_box.c): slots between the header and the rings,
+ * each with a side of SHM_BOX_SIDE bytes per process (the dialer's
+ * first).  A side holds two messages of up to 8 KiB and a line the
+ * reader answers on (coll/pairbox.c): 256 KiB per connection, mapped
+ * with the rings. */
+#define SHM_BOX_SLOTS 8
+#define SHM_BOX_SIDE ((16u << 10) + 256)
+#define SHM_BOX_AREA ((size_t)SHM_BOX_SLOTS * 2 * SHM_BOX_SIDE)
+
 /* The ring sizes a segment may have (DLSLIME_SHM_RING, or a dialer's
  * header): bounded, so that the segment's size cannot overflow. */
 #define RING_MIN 4096ull
@@ -41,10 +51,19 @@ _Static_assert(sizeof(seg_hdr_t) <= SEG_HDR, "segment header");
  * and 3.6-4.4 ms by the rings, while 16 MiB was level. */
 #define CMA_MAX (32u << 20)
 
+/* The segment's mapping: the connection holds it, and so does every box
+ * open on it, since a thread may still poll a box after the connection
+ * closed (the peer died); the last to let go unmaps it. */
+typedef struct shm_mapping {
+    uint8_t *addr;
+    size_t len;
+    _Atomic int refs;
+} shm_mapping_t;
+
 typedef struct shm_conn {
     int sock;
-    uint8_t *seg;
-    size_t seg_len;
+    shm_mapping_t *seg;
+    bool dialer;
     ring_t *tx, *rx;
     uint8_t *txd, *rxd;
     uint64_t size, chunk;
@@ -65,7 +84,7 @@ void *shm_map(int fd, size_t len);
  * first), up to a bound; NULL on failure. */
 void *shm_map_ring(int fd, size_t len, bool creator);
 /* For a ring between RING_MIN and RING_MAX. */
-static inline size_t shm_seg_size(uint64_t ring) { return SEG_HDR + 2 * ring; }
+static inline size_t shm_seg_size(uint64_t ring) { return SEG_HDR + SHM_BOX_AREA + 2 * ring; }
 /* A field of memory the peer may write at any time, read exactly once:
  * what is checked is what is used. */
 static inline uint64_t shm_read_once(const uint64_t *p) { return *(const volatile uint64_t *)p; }
@@ -92,6 +111,13 @@ bool shm_has_work(slime_ep_t *ep);
 void shm_fd_event(slime_ep_t *ep, uint32_t events);
 /* memcpy with non-temporal stores (past the cache). */
 void shm_copy_stream(uint8_t *dst, const uint8_t *src, size_t n);
+
+/* shm_box.c */
+int shm_box_slots(slime_ep_t *ep);
+bool shm_box_open(slime_ep_t *ep, int slot, p2p_box_t *box);
+void shm_box_release(void *hold);
+/* Lets go of a hold on the segment's mapping (the last unmaps it). */
+void shm_mapping_put(shm_mapping_t *m);
 
 /* shm_rma.c */
 slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max);

@@ -153,6 +153,14 @@ typedef struct transport_ops {
     void (*rx_consume)(slime_ep_t *ep, size_t k);
     /* One line on the connection, for slime_ep_describe. */
     void (*describe)(void *conn, char *buf, size_t len);
+    /* Shared boxes (core/box.c, p2p_box_t): how many slots a connection
+     * has (at most 32; 0: none), and one slot's two sides, filled into
+     * box (mine, theirs, len, hold).  hold keeps the memory mapped until
+     * box_release, even once the connection is closed: a thread may
+     * still poll the box when the peer dies. */
+    int (*box_slots)(slime_ep_t *ep);
+    bool (*box_open)(slime_ep_t *ep, int slot, p2p_box_t *box);
+    void (*box_release)(void *hold);
 } transport_ops_t;
 
 /* providers.c: every transport, best first; NULL-terminated. */

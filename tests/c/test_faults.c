@@ -141,6 +141,33 @@ static void case_stopped_sender(h_rank_t *r)
     h_kill_rank(r, VICTIM);
 }
 
+/* A small allreduce of two ranks on one host waits on the shared box,
+ * where the core sees no request of it: the stopped peer is found all
+ * the same (p2p_ep_wait_begin), for its silence, not the timeout. */
+static void case_stopped_in_box(h_rank_t *r)
+{
+    slime_comm_t *comm = NULL;
+    H_CHECK_OK(slime_comm_create(r->ctx, 9, 1, r->rank, 2, r->ep, H_WAIT_MS, &comm));
+    float x[2] = {1, 2};
+    slime_req_t *req = NULL;
+    uint64_t boxed = slime_ctx_counter(r->ctx, SLIME_COUNTER_BOX_OPS);
+    H_CHECK_OK(slime_allreduce(comm, x, 2, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    if (strcmp(h_transport(), "shm") == 0) /* the path this case is about */
+        H_CHECK_EQ(slime_ctx_counter(r->ctx, SLIME_COUNTER_BOX_OPS), boxed + 1);
+    if (r->rank == VICTIM) {
+        h_ctl_send_u64(r, 0, 1);
+        linger();
+    }
+    (void)h_ctl_recv_u64(r, VICTIM);
+    H_CHECK_OK(slime_allreduce(comm, x, 2, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
+    int64_t stopped_at = h_now_ms();
+    stop_victim(r);
+    expect_silence(req, stopped_at, "the allreduce");
+    h_kill_rank(r, VICTIM);
+    slime_comm_destroy(comm);
+}
+
 /* One-sided reads of a stopped process: a transport that copies them
  * itself (shm by CMA, verbs by RDMA) completes them, since nothing waits
  * on the peer's CPU; over tcp the peer's engine serves them, so they fail
@@ -276,6 +303,7 @@ int main(int argc, char **argv)
         {"stopped_sender", case_stopped_sender, 2, false, 1u << VICTIM},
         {"onesided_into_stopped", case_onesided_into_stopped, 2, false, 1u << VICTIM},
         {"first_onesided_into_stopped", case_first_onesided_into_stopped, 2, false, 1u << VICTIM},
+        {"stopped_in_box", case_stopped_in_box, 2, false, 1u << VICTIM},
         {"busy_peer", case_busy_peer, 2, false, 0},
         {"held_back", case_held_back, 2, false, 0},
     };

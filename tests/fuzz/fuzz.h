@@ -70,7 +70,8 @@ enum {
     FZ_SHM_SHORT_HELLO = 16,  /* a message shorter than a hello */
     FZ_SHM_EXTRA_FD = 32,     /* a third fd */
 };
-#define FZ_SHM_SEG_MAX (4096 + 2 * 16384)
+/* a header, the boxes and two rings of 16 KiB (transport/shm_internal.h) */
+#define FZ_SHM_SEG_MAX shm_seg_size(16384)
 typedef struct fz_shm_in {
     wire_hello_t hello;
     uint32_t flags;           /* FZ_SHM_* */

@@ -58,7 +58,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t seg_len = in.seg_len % (FZ_SHM_SEG_MAX + 1);
     size_t table_len = min_sz(in.table_len, sizeof(mr_shared_t));
     int fds[3];
-    fds[0] = memfd_of(seg_len, in.flags & FZ_SHM_SEG_SEALED, in.seg_head, sizeof in.seg_head, SEG_HDR, ring, ring_len);
+    fds[0] = memfd_of(seg_len, in.flags & FZ_SHM_SEG_SEALED, in.seg_head, sizeof in.seg_head,
+                      SEG_HDR + SHM_BOX_AREA, ring, ring_len);
     fds[1] = memfd_of(table_len, in.flags & FZ_SHM_TABLE_SEALED, &in.table_magic, sizeof in.table_magic, 0, NULL, 0);
     fds[2] = dup(fds[0]);
     int sv[2];

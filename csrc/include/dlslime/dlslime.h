@@ -44,7 +44,7 @@ extern "C" {
 #define SLIME_VERSION_MAJOR 0
 #define SLIME_VERSION_MINOR 1
 /* Wire version: peers with a different one are refused at the handshake. */
-#define SLIME_WIRE_VERSION 4
+#define SLIME_WIRE_VERSION 5
 
 #if defined(__GNUC__)
 #define SLIME_API __attribute__((visibility("default")))
@@ -171,6 +171,10 @@ typedef enum slime_counter {
     /* eager messages that came before their receive and were left where
      * they arrived (in the shm ring) until it is posted */
     SLIME_COUNTER_PARKED = 5,
+    /* collectives of a two-rank communicator on one host that moved
+     * their data through a box both processes map instead of messages
+     * (small ones; DLSLIME_PAIR_BOX=0 turns it off) */
+    SLIME_COUNTER_BOX_OPS = 6,
 } slime_counter_t;
 /* The counter's value; 0 for an unknown counter. */
 SLIME_API uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which);

@@ -1,0 +1,165 @@
+/*
+ * test_pair_box.c - two ranks on one host move small collectives through
+ * a shared box (csrc/coll/pairbox.c).  SLIME_COUNTER_BOX_OPS proves which
+ * path ran: over shm every small allreduce goes through the box and a
+ * larger one does not; over tcp none does.  Results are checked against
+ * the reference: split into several messages, in communicators beyond
+ * the slots a connection has, in a slot an earlier communicator left
+ * stale messages in, with one rank refusing boxes, and with the peer
+ * killed while a rank waits on the box.
+ */
+#include "test_coll_util.h"
+
+#include <stdio.h>
+
+static uint64_t box_ops(h_rank_t *r)
+{
+    return slime_ctx_counter(r->ctx, SLIME_COUNTER_BOX_OPS);
+}
+
+static bool over_shm(void)
+{
+    return strcmp(h_transport(), "shm") == 0;
+}
+
+static void allreduce_checked(slime_comm_t *comm, h_rank_t *r, slime_dtype_t dt, slime_redop_t op, size_t count)
+{
+    size_t es = slime_dtype_size(dt);
+    uint8_t *buf = h_alloc(count * es + 1);
+    t_fill_input(dt, op, r->rank, buf, count);
+    buf[count * es] = 0xa5;
+    T_RUN(slime_allreduce(comm, count ? buf : NULL, count, dt, op, &q_));
+    t_check_reduced("allreduce", dt, op, r->nranks, buf, 0, count);
+    H_CHECK_EQ(buf[count * es], 0xa5);
+    free(buf);
+}
+
+/* Every dtype and op at sizes up to the box's limit: each one is a box
+ * op over shm (none over tcp); one past the limit is not. */
+static void small_ones_take_the_box(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    uint64_t before = box_ops(r), ran = 0;
+    for (size_t d = 0; d < T_NDTYPES; d++) {
+        slime_dtype_t dt = t_dtypes[d];
+        const size_t counts[] = {1, 7, 4096 / slime_dtype_size(dt)};
+        for (size_t o = 0; o < T_NOPS; o++) {
+            if (!t_applies(t_ops[o], dt))
+                continue;
+            for (size_t c = 0; c < 3; c++, ran++)
+                allreduce_checked(comm, r, dt, t_ops[o], counts[c]);
+        }
+    }
+    H_CHECK_EQ(box_ops(r) - before, over_shm() ? ran : 0);
+    before = box_ops(r);
+    allreduce_checked(comm, r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 4096 / 4 + 1);
+    H_CHECK_EQ(box_ops(r) - before, 0);
+    slime_comm_destroy(comm);
+}
+
+/* With a larger limit, one allreduce spans several messages of the box,
+ * both buffers of each side in turn. */
+static void several_messages(h_rank_t *r)
+{
+    setenv("DLSLIME_PAIR_BOX_MAX", "65536", 1);
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    uint64_t before = box_ops(r);
+    for (int i = 0; i < 20; i++) {
+        allreduce_checked(comm, r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 16384 - 3 * i);
+        allreduce_checked(comm, r, SLIME_DT_FLOAT64, SLIME_RED_AVG, 5000 + i);
+        allreduce_checked(comm, r, SLIME_DT_INT8, SLIME_RED_MAX, 3);
+    }
+    H_CHECK_EQ(box_ops(r) - before, over_shm() ? 60 : 0);
+    slime_comm_destroy(comm);
+}
+
+/* More communicators than a connection has slots: the first ones get
+ * boxes, the rest fall back to messages, and all agree on which.  Then
+ * every other one goes, and new ones take the freed slots, where the
+ * old messages still lie. */
+static void more_comms_than_slots(h_rank_t *r)
+{
+    enum { N = 11 };
+    slime_comm_t *comms[N];
+    for (int i = 0; i < N; i++)
+        comms[i] = t_comm(r, 100 + (uint32_t)i, H_WAIT_MS);
+    uint64_t before = box_ops(r);
+    for (int round = 0; round < 3; round++)
+        for (int i = 0; i < N; i++)
+            allreduce_checked(comms[i], r, SLIME_DT_INT32, SLIME_RED_SUM, 10 + (size_t)i);
+    uint64_t boxed = box_ops(r) - before;
+    h_log("%llu of %d allreduces went through a box", (unsigned long long)boxed, 3 * N);
+    if (over_shm()) {
+        H_CHECK(boxed >= 3 * 4 && boxed < 3 * N); /* some got slots, not all */
+        H_CHECK_EQ(boxed % 3, 0);                  /* a communicator keeps its path */
+    } else {
+        H_CHECK_EQ(boxed, 0);
+    }
+    for (int i = 0; i < N; i += 2) {
+        slime_comm_destroy(comms[i]);
+        comms[i] = t_comm(r, 200 + (uint32_t)i, H_WAIT_MS);
+    }
+    before = box_ops(r);
+    for (int i = 0; i < N; i++)
+        allreduce_checked(comms[i], r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 1 + (size_t)i);
+    if (over_shm())
+        H_CHECK(box_ops(r) - before >= 4);
+    for (int i = 0; i < N; i++)
+        slime_comm_destroy(comms[i]);
+}
+
+/* One rank refuses boxes: both use messages, and still agree. */
+static void one_rank_refuses(h_rank_t *r)
+{
+    if (r->rank == 1)
+        setenv("DLSLIME_PAIR_BOX", "0", 1);
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    uint64_t before = box_ops(r);
+    for (int i = 0; i < 50; i++)
+        allreduce_checked(comm, r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 1 + (size_t)i);
+    H_CHECK_EQ(box_ops(r) - before, 0);
+    slime_comm_destroy(comm);
+}
+
+/* Rank 1 is killed while rank 0 waits on the box: rank 0's allreduce
+ * fails with PEER_LOST well before its timeout, and so does the next. */
+static void peer_killed_in_the_box(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    allreduce_checked(comm, r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 2);
+    if (r->rank == 1) {
+        h_ctl_send_u64(r, 0, 1);
+        for (;;)
+            h_sleep_ms(1000);
+    }
+    (void)h_ctl_recv_u64(r, 1);
+    float x[2] = {1, 2};
+    slime_req_t *q = NULL;
+    H_CHECK_OK(slime_allreduce(comm, x, 2, SLIME_DT_FLOAT32, SLIME_RED_SUM, &q));
+    h_sleep_ms(50); /* rank 0 is asleep in the box by now */
+    int64_t killed_at = h_now_ms();
+    h_kill_rank(r, 1);
+    slime_status_t s = slime_req_wait(q, 10000);
+    int64_t took = h_now_ms() - killed_at;
+    h_log("failed %lld ms after the kill: %s", (long long)took, slime_req_error(q));
+    H_CHECK_EQ(s, SLIME_ERR_PEER_LOST);
+    H_CHECK(took < 5000);
+    slime_req_free(q);
+    q = NULL;
+    H_CHECK_OK(slime_allreduce(comm, x, 2, SLIME_DT_FLOAT32, SLIME_RED_SUM, &q));
+    H_CHECK_EQ(slime_req_wait(q, 1000), SLIME_ERR_PEER_LOST);
+    slime_req_free(q);
+    slime_comm_destroy(comm);
+}
+
+int main(int argc, char **argv)
+{
+    static const h_case_t cases[] = {
+        {"small_ones_take_the_box", small_ones_take_the_box, 2, false, 0},
+        {"several_messages", several_messages, 2, false, 0},
+        {"more_comms_than_slots", more_comms_than_slots, 2, false, 0},
+        {"one_rank_refuses", one_rank_refuses, 2, false, 0},
+        {"peer_killed_in_the_box", peer_killed_in_the_box, 2, false, 1u << 1},
+    };
+    return h_main("test_pair_box", cases, sizeof cases / sizeof cases[0], argc, argv);
+}
