@@ -26,6 +26,8 @@ WELCOME_OK, WELCOME_REFUSED, WELCOME_DUPLICATE = 0, 1, 2
 ID_SECRET = 16                            # wire.h: SLIME_ID_SECRET
 
 SEG_HDR = 4096
+BOX_AREA = 8 * 2 * (16 * 1024 + 256)      # shm_internal.h: SHM_BOX_AREA, between header and rings
+RINGS = SEG_HDR + BOX_AREA                # where ring[0]'s bytes start
 RING0_TAIL, RING0_HEAD = 64, 128          # seg_hdr_t.ring[0]: dialer -> acceptor
 MR_TABLE_SIZE = 64 + 4096 * 64            # sizeof(mr_shared_t)
 F_READ_REQ = 7
@@ -113,7 +115,7 @@ def memfd(name, size, sealed):
 def segment(ring, claimed_ring=None, sealed=True):
     """The rings' segment a dialer passes: sized for ring, its header
     claiming claimed_ring (default: ring)."""
-    fd = memfd("rogue-ring", SEG_HDR + 2 * ring, sealed)
+    fd = memfd("rogue-ring", RINGS + 2 * ring, sealed)
     os.pwrite(fd, struct.pack("<QQ", SEG_MAGIC, ring if claimed_ring is None else claimed_ring), 0)
     return fd
 
@@ -148,7 +150,7 @@ def shm_dial(address, ctx_id, seg_fd, table_fd, timeout=CONNECT_TIMEOUT_MS / 100
 def post_frame(seg_fd, sock, frame, at=0):
     """Writes one frame into the dialer's ring at byte at and publishes
     it, then rings the target's doorbell."""
-    os.pwrite(seg_fd, frame, SEG_HDR + at)
+    os.pwrite(seg_fd, frame, RINGS + at)
     os.pwrite(seg_fd, struct.pack("<Q", at + len(frame)), RING0_TAIL)
     sock.send(b"\1")
 

@@ -29,7 +29,7 @@ def read_reply(seg_fd, timeout=10.0):
     while time.monotonic() < deadline:
         (tail,) = struct.unpack("<Q", os.pread(seg_fd, 8, 192))
         if tail >= 56:
-            return struct.unpack("<BBHI", os.pread(seg_fd, 8, rogue.SEG_HDR + RING))
+            return struct.unpack("<BBHI", os.pread(seg_fd, 8, rogue.RINGS + RING))
         time.sleep(0.01)
     raise AssertionError(f"the target wrote no reply in {timeout} s")
 
