@@ -230,6 +230,9 @@ bool run_test(coll_run_t *r, int h);
 /* recv from `from` and send to `to` at once, then wait for both. */
 bool run_exchange(coll_run_t *r, int to, const void *sbuf, size_t slen, int from, void *rbuf,
                   size_t rlen, uint32_t step);
+/* Fails the run (false) when destroy began or a member's abort notice
+ * came in (told and its text, from abort_received); true otherwise. */
+bool run_check_members(coll_run_t *r, slime_status_t told, const char *text);
 /* Records a failure found by the algorithm itself. */
 bool run_fail(coll_run_t *r, slime_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

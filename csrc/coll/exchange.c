@@ -213,6 +213,10 @@ static bool check_failures(coll_run_t *r, const int *h, size_t n) {
     slime_status_t st = x ? p2p_req_state(x->req) : SLIME_OK;
     bool effect = told != SLIME_OK && (st == SLIME_ERR_CANCELED || st == SLIME_ERR_PEER_LOST);
     if (x && !effect) return fail_at(r, st, x, "%s", slime_req_error(x->req));
+    return run_check_members(r, told, text);
+}
+
+bool run_check_members(coll_run_t *r, slime_status_t told, const char *text) {
     if (atomic_load(&r->comm->closing))
         return run_fail(r, SLIME_ERR_CLOSED, "%s: communicator destroyed while the collective ran", r->phase);
     if (told != SLIME_OK) return run_fail(r, told, "%s: %s", r->phase, text);

@@ -29,11 +29,9 @@
  *
  * The peer may write its side at any time: only a stamp equal to the one
  * wanted is believed, and no size or offset is taken from it. */
-#include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -77,9 +75,6 @@ static _Atomic uint32_t *sleep_word(uint8_t *side, size_t len) {
 }
 static uint8_t *theirs(const slime_comm_t *c) { return (uint8_t *)c->box.theirs; }
 
-/* A word of the peer's side, read exactly once. */
-static uint64_t shm_read_once_u64(const uint64_t *p) { return *(const volatile uint64_t *)p; }
-
 static long futex(void *addr, int op, uint32_t val, const struct timespec *ts) {
     return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
 }
@@ -97,9 +92,7 @@ static bool still_waiting(coll_run_t *r, uint64_t now, const char *what) {
     int peer = 1 - c->rank;
     char text[600];
     slime_status_t told = abort_received(c, text, sizeof text);
-    if (told != SLIME_OK) return run_fail(r, told, "%s: %s", r->phase, text);
-    if (atomic_load(&c->closing))
-        return run_fail(r, SLIME_ERR_CLOSED, "%s: communicator destroyed while the collective ran", r->phase);
+    if (!run_check_members(r, told, text)) return false;
     slime_status_t st = slime_ep_status(c->peers[peer]);
     if (st != SLIME_OK)
         return run_fail(r, st, "%s: %s rank %d: %s", r->phase, what, peer,
@@ -156,7 +149,7 @@ static bool box_wait(coll_run_t *r, _Atomic uint64_t *word, uint64_t want, bool 
 /* Writes message seq (len <= cap) of a collective of total bytes into our side. */
 static bool put(coll_run_t *r, uint64_t seq, const void *data, size_t len, uint64_t total) {
     slime_comm_t *c = r->comm;
-    if (seq > 2 && c->box_peer_done + 2 < seq) {
+    if (c->box_peer_done + 2 < seq) {
         if (!box_wait(r, done_word(theirs(c), c->box.len), stamp_of(c, seq - 2), true, "send to")) return false;
         c->box_peer_done = seq - 2;
     }
@@ -174,7 +167,7 @@ static const uint8_t *get(coll_run_t *r, uint64_t seq, uint64_t total) {
     slime_comm_t *c = r->comm;
     _Atomic uint64_t *stamp = msg_stamp(theirs(c), c->box.len, seq);
     if (!box_wait(r, stamp, stamp_of(c, seq), false, "recv from")) return NULL;
-    uint64_t got = shm_read_once_u64(&((const uint64_t *)stamp)[1]);
+    uint64_t got = read_once_u64(&((const uint64_t *)stamp)[1]);
     if (got != total) {
         run_fail(r, SLIME_ERR_INVAL, "%s: recv from rank %d: got %llu bytes, expected %llu (do all ranks pass the "
                  "same sizes?)", r->phase, 1 - c->rank, (unsigned long long)got, (unsigned long long)total);
@@ -206,10 +199,10 @@ static bool agree(coll_run_t *r) {
     int slot = both ? __builtin_ctz(both) : -1;
     p2p_box_unreserve(ep, slot < 0 ? mine.slots : mine.slots & ~(1u << slot));
     c->box_state = PAIRBOX_OFF;
-    /* a box too small for two messages and the lines is no box; both
-     * ends map the same one (the wire version fixes its size) */
+    /* a box with no room for a message's data is no box; both ends map
+     * the same one (the wire version fixes its size) */
     if (slot >= 0 && p2p_box_open(ep, slot, &c->box)) {
-        if (c->box.len >= 2 * (LINE + MSG_DATA) + 2 * LINE) {
+        if (c->box.len > 2 * LINE && msg_stride(c->box.len) >= MSG_DATA + LINE) {
             memset(c->box.mine, 0, c->box.len);
             c->box_state = PAIRBOX_ON;
         } else {

@@ -41,6 +41,10 @@ static inline uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* A field of memory another process may write at any time (shared
+ * memory), read exactly once: what is checked is what is used. */
+static inline uint64_t read_once_u64(const uint64_t *p) { return *(const volatile uint64_t *)p; }
+
 /* A monotonic time (now_ns's clock) as pthread_cond_timedwait takes it. */
 static inline struct timespec timespec_at_ns(uint64_t t) {
     struct timespec ts = {.tv_sec = (time_t)(t / 1000000000ull), .tv_nsec = (long)(t % 1000000000ull)};

@@ -146,7 +146,7 @@ static mr_shared_t *peer_table_map(int fd, char *why, size_t whylen) {
     else if (!memfd_check(fd, &len, fdwhy, sizeof fdwhy)) snprintf(why, whylen, "MR table: %s", fdwhy);
     else if (len < sizeof *pt) snprintf(why, whylen, "MR table of %zu bytes", len);
     else if (!(pt = shm_map(fd, sizeof *pt))) snprintf(why, whylen, "MR table: mmap: %s", strerror(errno));
-    else if (shm_read_once(&pt->magic) != MR_TABLE_MAGIC) {
+    else if (read_once_u64(&pt->magic) != MR_TABLE_MAGIC) {
         snprintf(why, whylen, "MR table has a bad magic");
         munmap(pt, sizeof *pt);
         pt = NULL;
@@ -172,7 +172,7 @@ static uint8_t *peer_segment_map(int fd, size_t *len, uint64_t *ring, char *why,
         return NULL;
     }
     seg_hdr_t *h = (seg_hdr_t *)seg;
-    uint64_t magic = shm_read_once(&h->magic), r = shm_read_once(&h->ring_size);
+    uint64_t magic = read_once_u64(&h->magic), r = read_once_u64(&h->ring_size);
     /* bounded first, so the size computed from it cannot wrap */
     if (magic != SEG_MAGIC || r < RING_MIN || r > RING_MAX || shm_seg_size(r) != *len) {
         snprintf(why, whylen, magic != SEG_MAGIC ? "ring segment has a bad magic" : "ring size %" PRIu64 " for %zu bytes",

@@ -17,9 +17,9 @@
 #define SEG_HDR 4096
 /* The shared boxes (shm_box.c): slots between the header and the rings,
  * each with a side of SHM_BOX_SIDE bytes per process (the dialer's
- * first).  A side holds two messages of up to 8 KiB and a line the
- * reader answers on (coll/pairbox.c): 256 KiB per connection, mapped
- * with the rings. */
+ * first).  A side holds two messages of up to 8 KiB and the lines its
+ * owner answers and sleeps on (coll/pairbox.c): 260 KiB per connection,
+ * mapped with the rings. */
 #define SHM_BOX_SLOTS 8
 #define SHM_BOX_SIDE ((16u << 10) + 256)
 #define SHM_BOX_AREA ((size_t)SHM_BOX_SLOTS * 2 * SHM_BOX_SIDE)
@@ -85,9 +85,6 @@ void *shm_map(int fd, size_t len);
 void *shm_map_ring(int fd, size_t len, bool creator);
 /* For a ring between RING_MIN and RING_MAX. */
 static inline size_t shm_seg_size(uint64_t ring) { return SEG_HDR + SHM_BOX_AREA + 2 * ring; }
-/* A field of memory the peer may write at any time, read exactly once:
- * what is checked is what is used. */
-static inline uint64_t shm_read_once(const uint64_t *p) { return *(const volatile uint64_t *)p; }
 /* A connection over the mapped segment seg, of two rings of ring bytes
  * (checked, and never read again from the segment), and the peer's MR
  * table: owns sock, seg and peer from then on; NULL when out of memory. */

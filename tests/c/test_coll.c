@@ -17,17 +17,6 @@ static size_t ring_count(slime_dtype_t dt)
     return (96 * H_KIB) / slime_dtype_size(dt) + 3;
 }
 
-static void allreduce_one(slime_comm_t *comm, int n, int rank, slime_dtype_t dt, slime_redop_t op,
-                          size_t count)
-{
-    size_t es = slime_dtype_size(dt);
-    uint8_t *buf = h_alloc(count * es + 1);
-    t_fill_input(dt, op, rank, buf, count);
-    T_RUN(slime_allreduce(comm, count ? buf : NULL, count, dt, op, &q_));
-    t_check_reduced("allreduce", dt, op, n, buf, 0, count);
-    free(buf);
-}
-
 /* full: every size; else only those that take the ring. */
 static void matrix_run(h_rank_t *r, bool full)
 {
@@ -47,14 +36,14 @@ static void matrix_run(h_rank_t *r, bool full)
                 continue;
             }
             for (size_t c = 0; c < ncounts; c++)
-                allreduce_one(comm, r->nranks, r->rank, dt, op, counts[c]);
+                t_allreduce_checked(comm, r->nranks, r->rank, dt, op, counts[c]);
         }
     }
     /* several MiB: many chunks per block, the last one short */
-    allreduce_one(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 3 * H_MIB / 4 + 12345);
-    allreduce_one(comm, r->nranks, r->rank, SLIME_DT_BFLOAT16, SLIME_RED_MAX, H_MIB + 77);
-    allreduce_one(comm, r->nranks, r->rank, SLIME_DT_INT64, SLIME_RED_BXOR, H_MIB / 2 + 1);
-    allreduce_one(comm, r->nranks, r->rank, SLIME_DT_FLOAT64, SLIME_RED_AVG, H_MIB / 2 + 5);
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 3 * H_MIB / 4 + 12345);
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_BFLOAT16, SLIME_RED_MAX, H_MIB + 77);
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_INT64, SLIME_RED_BXOR, H_MIB / 2 + 1);
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT64, SLIME_RED_AVG, H_MIB / 2 + 5);
     slime_comm_destroy(comm);
 }
 
@@ -71,7 +60,7 @@ static void matrix(h_rank_t *r)
 static void matrix_small_chunks(h_rank_t *r)
 {
     slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
-    allreduce_one(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 5 * H_MIB / 4 + 3);
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 5 * H_MIB / 4 + 3);
     slime_comm_destroy(comm);
     setenv("DLSLIME_COLL_CHUNK", "8192", 1);
     setenv("DLSLIME_COLL_CMA_MIN", "65536", 1);

@@ -372,4 +372,19 @@ static inline void t_check_reduced(const char *what, slime_dtype_t dt, slime_red
     }
 }
 
+/* One allreduce of count elements from this rank's reference input,
+ * checked against the reference, and the byte past the buffer untouched. */
+static inline void t_allreduce_checked(slime_comm_t *comm, int n, int rank, slime_dtype_t dt, slime_redop_t op,
+                                       size_t count)
+{
+    size_t es = slime_dtype_size(dt);
+    uint8_t *buf = h_alloc(count * es + 1);
+    t_fill_input(dt, op, rank, buf, count);
+    buf[count * es] = 0xa5;
+    T_RUN(slime_allreduce(comm, count ? buf : NULL, count, dt, op, &q_));
+    t_check_reduced("allreduce", dt, op, n, buf, 0, count);
+    H_CHECK_EQ(buf[count * es], 0xa5);
+    free(buf);
+}
+
 #endif /* DLSLIME_TEST_COLL_UTIL_H */

@@ -22,18 +22,6 @@ static bool over_shm(void)
     return strcmp(h_transport(), "shm") == 0;
 }
 
-static void allreduce_checked(slime_comm_t *comm, h_rank_t *r, slime_dtype_t dt, slime_redop_t op, size_t count)
-{
-    size_t es = slime_dtype_size(dt);
-    uint8_t *buf = h_alloc(count * es + 1);
-    t_fill_input(dt, op, r->rank, buf, count);
-    buf[count * es] = 0xa5;
-    T_RUN(slime_allreduce(comm, count ? buf : NULL, count, dt, op, &q_));
-    t_check_reduced("allreduce", dt, op, r->nranks, buf, 0, count);
-    H_CHECK_EQ(buf[count * es], 0xa5);
-    free(buf);
-}
-
 /* Every dtype and op at sizes up to the box's limit: each one is a box
  * op over shm (none over tcp); one past the limit is not. */
 static void small_ones_take_the_box(h_rank_t *r)
@@ -47,12 +35,12 @@ static void small_ones_take_the_box(h_rank_t *r)
             if (!t_applies(t_ops[o], dt))
                 continue;
             for (size_t c = 0; c < 3; c++, ran++)
-                allreduce_checked(comm, r, dt, t_ops[o], counts[c]);
+                t_allreduce_checked(comm, r->nranks, r->rank, dt, t_ops[o], counts[c]);
         }
     }
     H_CHECK_EQ(box_ops(r) - before, over_shm() ? ran : 0);
     before = box_ops(r);
-    allreduce_checked(comm, r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 4096 / 4 + 1);
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 4096 / 4 + 1);
     H_CHECK_EQ(box_ops(r) - before, 0);
     slime_comm_destroy(comm);
 }
@@ -65,9 +53,9 @@ static void several_messages(h_rank_t *r)
     slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
     uint64_t before = box_ops(r);
     for (int i = 0; i < 20; i++) {
-        allreduce_checked(comm, r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 16384 - 3 * i);
-        allreduce_checked(comm, r, SLIME_DT_FLOAT64, SLIME_RED_AVG, 5000 + i);
-        allreduce_checked(comm, r, SLIME_DT_INT8, SLIME_RED_MAX, 3);
+        t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 16384 - 3 * i);
+        t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT64, SLIME_RED_AVG, 5000 + i);
+        t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_INT8, SLIME_RED_MAX, 3);
     }
     H_CHECK_EQ(box_ops(r) - before, over_shm() ? 60 : 0);
     slime_comm_destroy(comm);
@@ -86,7 +74,7 @@ static void more_comms_than_slots(h_rank_t *r)
     uint64_t before = box_ops(r);
     for (int round = 0; round < 3; round++)
         for (int i = 0; i < N; i++)
-            allreduce_checked(comms[i], r, SLIME_DT_INT32, SLIME_RED_SUM, 10 + (size_t)i);
+            t_allreduce_checked(comms[i], r->nranks, r->rank, SLIME_DT_INT32, SLIME_RED_SUM, 10 + (size_t)i);
     uint64_t boxed = box_ops(r) - before;
     h_log("%llu of %d allreduces went through a box", (unsigned long long)boxed, 3 * N);
     if (over_shm()) {
@@ -101,7 +89,7 @@ static void more_comms_than_slots(h_rank_t *r)
     }
     before = box_ops(r);
     for (int i = 0; i < N; i++)
-        allreduce_checked(comms[i], r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 1 + (size_t)i);
+        t_allreduce_checked(comms[i], r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 1 + (size_t)i);
     if (over_shm())
         H_CHECK(box_ops(r) - before >= 4);
     for (int i = 0; i < N; i++)
@@ -116,7 +104,7 @@ static void one_rank_refuses(h_rank_t *r)
     slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
     uint64_t before = box_ops(r);
     for (int i = 0; i < 50; i++)
-        allreduce_checked(comm, r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 1 + (size_t)i);
+        t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 1 + (size_t)i);
     H_CHECK_EQ(box_ops(r) - before, 0);
     slime_comm_destroy(comm);
 }
@@ -126,7 +114,7 @@ static void one_rank_refuses(h_rank_t *r)
 static void peer_killed_in_the_box(h_rank_t *r)
 {
     slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
-    allreduce_checked(comm, r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 2);
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 2);
     if (r->rank == 1) {
         h_ctl_send_u64(r, 0, 1);
         for (;;)
