@@ -499,6 +499,9 @@ bool ctx_sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg,
 void ctx_wake_sleepers(slime_ctx_t *ctx);
 void ctx_wake_worker_sleepers(slime_ctx_t *ctx);
 void ctx_kick(slime_ctx_t *ctx);
+/* A thread of ours just posted or looked for its work and will look
+ * again soon: peers may skip doorbells a while (mr_shared_t.grace_until). */
+void ctx_extend_grace(slime_ctx_t *ctx);
 /* Call after queueing work only the progress engine will finish. */
 void ctx_post_work(slime_ctx_t *ctx);
 void *progress_thread_main(void *arg);

@@ -139,6 +139,8 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
                                   bool sync, slime_req_t **out) {
     if (out) *out = NULL;
     if (!out) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL request pointer", op_name(op->kind));
+    /* whoever posts will test or wait soon: its peers need not ring us */
+    ctx_extend_grace(ctx);
     pthread_mutex_lock(&ctx->lock);
     wire_desc_t d = {0}; /* recv_any checks nothing into it; -O3 sees that */
     slime_status_t st = ep ? op_check(ctx, op, &d) : SLIME_OK;

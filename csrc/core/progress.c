@@ -89,6 +89,23 @@ static bool busy_locked(slime_ctx_t *ctx) {
     return false;
 }
 
+/* A thread of ours just posted or looked for its work (a post, a test,
+ * a wait that stops spinning): it is likely to look again soon, so
+ * peers skip doorbells for a grace period after.  Without this a thread
+ * whose every wait found its message already taken (by the progress
+ * thread, which a doorbell woke) never spun, so the grace ran out and
+ * the peer rang for every message: a send syscall, and a third thread
+ * woken on a 2-core machine.  The word is read by every send of every
+ * peer: it is only rewritten when half the grace is gone.  A progress
+ * thread in a long sleep must switch to naps, since only its nap covers
+ * the grace (seq_cst store then load: see progress_thread_main). */
+void ctx_extend_grace(slime_ctx_t *ctx) {
+    uint64_t t = now_ns();
+    if (t + GRACE_NS / 2 <= atomic_load_explicit(&ctx->mr_table->grace_until, memory_order_relaxed)) return;
+    atomic_store(&ctx->mr_table->grace_until, t + GRACE_NS);
+    if (atomic_load(&ctx->pt_long_sleep)) ctx_kick(ctx);
+}
+
 /* A waiter starts polling.  A progress thread in a long sleep must
  * switch to naps: once this waiter leaves, peers skip doorbells for a
  * grace period, and only the progress thread's nap covers it. */
@@ -99,7 +116,7 @@ static void waiter_enter(slime_ctx_t *ctx) {
 }
 
 static void waiter_leave(slime_ctx_t *ctx) {
-    atomic_store(&ctx->mr_table->grace_until, now_ns() + GRACE_NS);
+    ctx_extend_grace(ctx);
     atomic_fetch_sub(&ctx->spinners, 1);
     atomic_fetch_sub(&ctx->mr_table->polling, 1);
 }
@@ -216,12 +233,13 @@ void *progress_thread_main(void *arg) {
         pthread_mutex_unlock(&ctx->lock);
         if (due) run_callbacks(ctx);
         if (did || due) { idle_since = now_ns(); continue; }
-        /* spin a moment, and all through a grace: peers send no doorbells
-         * then, so a nap would leave what they send waiting for its end */
+        /* spin a moment, then sleep.  Not all through a grace, though
+         * peers send no doorbells then: a grace lasts while our threads
+         * keep testing and waiting (ctx_extend_grace), which they do
+         * themselves, and a progress thread spinning beside them took a
+         * core of two from them; it naps instead (SHORT_SLEEP_MS) */
         uint64_t t = now_ns();
-        if (atomic_load(&ctx->spinners) == 0 &&
-            (t - idle_since < (midway ? PT_MIDWAY_SPIN_NS : PT_SPIN_NS) ||
-             t <= atomic_load(&ctx->mr_table->grace_until))) {
+        if (atomic_load(&ctx->spinners) == 0 && t - idle_since < (midway ? PT_MIDWAY_SPIN_NS : PT_SPIN_NS)) {
             cpu_relax();
             continue;
         }

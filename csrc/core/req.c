@@ -127,8 +127,11 @@ static slime_status_t final_status(slime_req_t *req) {
 
 slime_status_t slime_req_test(slime_req_t *req) {
     if (!req) return slime_errorf(SLIME_ERR_INVAL, "req_test: NULL request");
+    /* a done request's context may be gone (it may outlive it) */
     if (req_done(req)) return final_status(req);
     slime_ctx_t *ctx = req->ctx;
+    /* a test is a look for work, as a wait is: a doorbell is moot */
+    ctx_extend_grace(ctx);
     if (pthread_mutex_trylock(&ctx->lock) == 0) {
         progress_locked(ctx);
         pthread_mutex_unlock(&ctx->lock);

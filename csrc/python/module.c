@@ -142,6 +142,7 @@ static const int_constant_t int_constants[] = {
     {"COUNTER_UNEXPECTED_COPIES", SLIME_COUNTER_UNEXPECTED_COPIES},
     {"COUNTER_PARKED", SLIME_COUNTER_PARKED},
     {"COUNTER_BOX_OPS", SLIME_COUNTER_BOX_OPS},
+    {"COUNTER_DOORBELLS", SLIME_COUNTER_DOORBELLS},
 };
 
 static int add_types(PyObject *module)

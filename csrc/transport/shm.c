@@ -21,6 +21,7 @@
 
 typedef struct shm_ctx {
     int listen_fd;
+    atomic_uint_fast64_t doorbells; /* SLIME_COUNTER_DOORBELLS */
 } shm_ctx_t;
 
 /* Not opened while another transport is forced: nothing would dial it. */
@@ -29,6 +30,7 @@ static slime_status_t shm_ctx_open(slime_ctx_t *ctx, const slime_ctx_opts_t *opt
     if (mode == TP_OTHER_FORCED) return SLIME_OK;
     shm_ctx_t *s = malloc(sizeof *s);
     if (!s) return slime_errorf(SLIME_ERR_NOMEM, "shm listener");
+    atomic_init(&s->doorbells, 0);
     slime_status_t st = shm_listen(ctx->id, &s->listen_fd);
     if (st != SLIME_OK) {
         free(s);
@@ -55,6 +57,16 @@ static int shm_reach(const slime_ctx_t *ctx, const void *state, const wire_addr_
 }
 
 static int shm_listen_fd(const void *state) { return ((const shm_ctx_t *)state)->listen_fd; }
+
+void shm_count_doorbell(slime_ctx_t *ctx) {
+    shm_ctx_t *s = ctx_tp_state(ctx, WIRE_TRANSPORT_SHM);
+    if (s) atomic_fetch_add_explicit(&s->doorbells, 1, memory_order_relaxed);
+}
+
+static uint64_t shm_counter(const void *state, slime_counter_t which) {
+    const shm_ctx_t *s = state;
+    return which == SLIME_COUNTER_DOORBELLS ? atomic_load(&s->doorbells) : 0;
+}
 
 static bool shm_accept(slime_ctx_t *ctx, void *state) {
     return sock_accept_pending(ctx, shm_listen_fd(state), WIRE_TRANSPORT_SHM, NULL);
@@ -181,4 +193,5 @@ const transport_ops_t slime_shm_transport = {
     .box_slots = shm_box_slots,
     .box_open = shm_box_open,
     .box_release = shm_box_release,
+    .counter = shm_counter,
 };

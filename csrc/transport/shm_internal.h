@@ -76,6 +76,8 @@ typedef struct shm_conn {
 } shm_conn_t;
 
 /* shm.c */
+/* One more doorbell rung (SLIME_COUNTER_DOORBELLS). */
+void shm_count_doorbell(slime_ctx_t *ctx);
 /* The pid of the process at the other end of a unix socket, or 0. */
 int shm_peer_pid(int sock);
 /* fd mapped shared, read-write; NULL on failure. */

@@ -14,7 +14,8 @@
 
 #include "transport/shm_internal.h"
 
-static void doorbell(shm_conn_t *c) {
+static void doorbell(slime_ep_t *ep, shm_conn_t *c) {
+    shm_count_doorbell(ep->ctx);
     /* a full socket queue already guarantees a wake-up */
     char b = 1;
     (void)send(c->sock, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -62,7 +63,7 @@ ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
 done:
     if (total) {
         atomic_thread_fence(memory_order_seq_cst);
-        if (peer_needs_doorbell(c)) doorbell(c);
+        if (peer_needs_doorbell(c)) doorbell(ep, c);
     }
     return (ssize_t)total;
 }
@@ -104,11 +105,12 @@ void shm_copy_stream(uint8_t *dst, const uint8_t *src, size_t n) {
 
 /* Moves the read head to head (the bytes before it are read): the room
  * is the writer's again, and a writer waiting for it gets a doorbell. */
-static void rx_release(shm_conn_t *c, uint64_t head) {
+static void rx_release(slime_ep_t *ep, uint64_t head) {
+    shm_conn_t *c = ep->conn;
     atomic_store_explicit(&c->rx->head, head, memory_order_seq_cst);
     if (atomic_load_explicit(&c->rx->want_space, memory_order_seq_cst)) {
         atomic_store(&c->rx->want_space, 0);
-        if (peer_needs_doorbell(c)) doorbell(c);
+        if (peer_needs_doorbell(c)) doorbell(ep, c);
     }
 }
 
@@ -146,7 +148,7 @@ ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
         memcpy(dst, c->rxd + at, first);
         if (k > first) memcpy((uint8_t *)dst + first, c->rxd, k - first);
     }
-    rx_release(c, head + k);
+    rx_release(ep, head + k);
     return (ssize_t)k;
 }
 
@@ -164,7 +166,7 @@ size_t shm_rx_peek(slime_ep_t *ep, size_t n, const uint8_t **at) {
 
 void shm_rx_consume(slime_ep_t *ep, size_t k) {
     shm_conn_t *c = ep->conn;
-    rx_release(c, atomic_load_explicit(&c->rx->head, memory_order_relaxed) + k);
+    rx_release(ep, atomic_load_explicit(&c->rx->head, memory_order_relaxed) + k);
 }
 
 /* Unchecked: a count no writer leaves only makes us read, and the read

@@ -175,6 +175,9 @@ typedef enum slime_counter {
      * their data through a box both processes map instead of messages
      * (small ones; DLSLIME_PAIR_BOX=0 turns it off) */
     SLIME_COUNTER_BOX_OPS = 6,
+    /* wake-ups this context sent a peer on its host because no thread
+     * of the peer's polled nor had lately (a syscall each: shm) */
+    SLIME_COUNTER_DOORBELLS = 7,
 } slime_counter_t;
 /* The counter's value; 0 for an unknown counter. */
 SLIME_API uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which);
