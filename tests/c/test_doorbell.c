@@ -54,8 +54,10 @@ static void test_until_done(slime_req_t *req)
 /* A ping-pong whose ranks only post and test, with 20 us of their own
  * work in between: each finds its message already there or takes it in
  * a test.  Before a test counted as looking, every send rang (the peer's
- * grace came only from spinning waits); a few may still ring when a rank
- * is scheduled out for longer than the grace. */
+ * grace came only from spinning waits).  Some still ring, rightly, when
+ * the peer was scheduled out for longer than the grace: about 2% on an
+ * idle 2-core machine, a quarter with another test beside (ctest -j 2
+ * under ASan), hence the bound of a half. */
 static void send_tested(h_rank_t *r, uint64_t *word)
 {
     slime_req_t *sreq = NULL;
@@ -83,7 +85,7 @@ static void case_tested_peer_gets_no_doorbells(h_rank_t *r)
     uint64_t rang = doorbells(r) - before;
     h_log("%llu doorbells for %d messages sent", (unsigned long long)rang, ROUNDS);
     if (over_shm())
-        H_CHECK(rang <= ROUNDS / 10);
+        H_CHECK(rang <= ROUNDS / 2);
     else
         H_CHECK_EQ(rang, 0);
     h_barrier(r);
