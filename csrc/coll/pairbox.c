@@ -44,8 +44,6 @@
 #define MSG_DATA 16u                /* the data's offset in a message */
 #define SEQ_BITS 40
 #define SEQ_MASK ((1ull << SEQ_BITS) - 1)
-#define SPIN_NS 200000ull           /* spin this long, as the core's waiters do */
-#define YIELD_NS 3000ull            /* ...yielding the core after this long */
 #define NAP_MS 10                   /* a sleeper's look at deadline and peer */
 /* the collective step that carries the offers (exchange.c names it) */
 #define AGREE_STEP (COLL_STEP_LIMIT - 4)
@@ -134,8 +132,8 @@ static bool box_wait(coll_run_t *r, _Atomic uint64_t *word, uint64_t want, bool 
         uint64_t t = now_ns();
         if (!start) start = t;
         if (!(ok = still_waiting(r, t, what))) break;
-        if (t - start < YIELD_NS) continue;
-        if (t - start < SPIN_NS) { sched_yield(); continue; }
+        if (t - start < P2P_WAIT_YIELD_NS) continue;
+        if (t - start < P2P_WAIT_SPIN_NS) { sched_yield(); continue; }
         if (!told) { /* a stopped peer fails the endpoint within the silence limit */
             p2p_ep_wait_begin(c->peers[1 - c->rank]);
             told = true;

@@ -60,7 +60,7 @@ void p2p_box_close(p2p_box_t *box) {
 void p2p_ep_wait_begin(slime_ep_t *ep) {
     atomic_fetch_add(&ep->outside_waits, 1);
     /* a progress thread in its long sleep would look at the peer late */
-    if (atomic_load(&ep->ctx->pt_long_sleep)) ctx_kick(ep->ctx);
+    ctx_rouse_long_sleeper(ep->ctx);
 }
 
 void p2p_ep_wait_end(slime_ep_t *ep) { atomic_fetch_sub(&ep->outside_waits, 1); }

@@ -502,6 +502,9 @@ void ctx_kick(slime_ctx_t *ctx);
 /* A thread of ours just posted or looked for its work and will look
  * again soon: peers may skip doorbells a while (mr_shared_t.grace_until). */
 void ctx_extend_grace(slime_ctx_t *ctx);
+/* A progress thread in its long sleep (which only an fd or a doorbell
+ * ends) is kicked: something now needs it to look sooner. */
+void ctx_rouse_long_sleeper(slime_ctx_t *ctx);
 /* Call after queueing work only the progress engine will finish. */
 void ctx_post_work(slime_ctx_t *ctx);
 void *progress_thread_main(void *arg);

@@ -22,6 +22,14 @@ slime_status_t slime_errorf(slime_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 slime_status_t slime_verrorf(slime_status_t st, const char *fmt, va_list ap);
 
+/* ---- waiting on a peer ---- */
+/* A thread waiting on a peer spins this long without news before it
+ * sleeps, yielding its core at every turn after the first
+ * P2P_WAIT_YIELD_NS (on an oversubscribed machine the peer may need it):
+ * the core's waits (progress.c) and a box's (coll/pairbox.c) alike. */
+#define P2P_WAIT_SPIN_NS 200000ull
+#define P2P_WAIT_YIELD_NS 3000ull
+
 /* ---- receives with options (combine.c folds, the transports store) ---- */
 /* acc[i] = acc[i] op in[i] over n elements (the ranges do not overlap) */
 typedef void (*slime_combine_fn)(void *acc, const void *in, size_t n);

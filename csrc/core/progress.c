@@ -22,8 +22,6 @@
  * ring's worth (a ring carries the largest writes: CMA_MAX of the shm
  * transport) */
 #define PT_MIDWAY_SPIN_NS 100000ull
-#define WAIT_SPIN_NS 200000ull   /* a waiter: spin this long without news */
-#define YIELD_AFTER_NS 3000ull  /* ...yielding the core after this long */
 #define GRACE_NS 100000ull       /* see mr_shared_t.grace_until */
 #define SHORT_SLEEP_MS 1         /* the progress thread's nap during grace */
 #define STANDBY_MS 10            /* ...its sleep while a waiter spins */
@@ -103,6 +101,10 @@ void ctx_extend_grace(slime_ctx_t *ctx) {
     uint64_t t = now_ns();
     if (t + GRACE_NS / 2 <= atomic_load_explicit(&ctx->mr_table->grace_until, memory_order_relaxed)) return;
     atomic_store(&ctx->mr_table->grace_until, t + GRACE_NS);
+    ctx_rouse_long_sleeper(ctx);
+}
+
+void ctx_rouse_long_sleeper(slime_ctx_t *ctx) {
     if (atomic_load(&ctx->pt_long_sleep)) ctx_kick(ctx);
 }
 
@@ -112,7 +114,7 @@ void ctx_extend_grace(slime_ctx_t *ctx) {
 static void waiter_enter(slime_ctx_t *ctx) {
     atomic_fetch_add(&ctx->mr_table->polling, 1);
     atomic_fetch_add(&ctx->spinners, 1);
-    if (atomic_load(&ctx->pt_long_sleep)) ctx_kick(ctx);
+    ctx_rouse_long_sleeper(ctx);
 }
 
 static void waiter_leave(slime_ctx_t *ctx) {
@@ -185,13 +187,13 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         uint64_t t = now_ns();
         if (did) last = t;
         if (t >= deadline || atomic_load(&ctx->closed)) { timed_out = true; break; }
-        if (t - last > WAIT_SPIN_NS) break;
+        if (t - last > P2P_WAIT_SPIN_NS) break;
         /* past a short spin, let whoever else wants this core run: on an
          * oversubscribed machine that is often the very peer we wait for.
          * Before that one pause a turn: a turn is how late we see what a
          * peer sent, and eight pauses made it ~0.6 us, most of a small
          * message's trip */
-        if (t - last > YIELD_AFTER_NS) sched_yield();
+        if (t - last > P2P_WAIT_YIELD_NS) sched_yield();
         else cpu_relax();
     }
     waiter_leave(ctx);

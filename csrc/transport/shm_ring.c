@@ -14,11 +14,11 @@
 
 #include "transport/shm_internal.h"
 
-static void doorbell(slime_ep_t *ep, shm_conn_t *c) {
+static void doorbell(slime_ep_t *ep) {
     shm_count_doorbell(ep->ctx);
     /* a full socket queue already guarantees a wake-up */
     char b = 1;
-    (void)send(c->sock, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    (void)send(((shm_conn_t *)ep->conn)->sock, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 /* Nobody of the peer's polls its rings now, nor will soon. */
@@ -63,7 +63,7 @@ ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
 done:
     if (total) {
         atomic_thread_fence(memory_order_seq_cst);
-        if (peer_needs_doorbell(c)) doorbell(ep, c);
+        if (peer_needs_doorbell(c)) doorbell(ep);
     }
     return (ssize_t)total;
 }
@@ -110,7 +110,7 @@ static void rx_release(slime_ep_t *ep, uint64_t head) {
     atomic_store_explicit(&c->rx->head, head, memory_order_seq_cst);
     if (atomic_load_explicit(&c->rx->want_space, memory_order_seq_cst)) {
         atomic_store(&c->rx->want_space, 0);
-        if (peer_needs_doorbell(c)) doorbell(ep, c);
+        if (peer_needs_doorbell(c)) doorbell(ep);
     }
 }
 
