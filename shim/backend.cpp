@@ -179,28 +179,28 @@ std::chrono::milliseconds BackendDlslime::timeout_of(
 }
 
 c10::intrusive_ptr<c10d::Work> BackendDlslime::post(WorkSpec spec,
-                                                    const Issue& issue) {
-  std::string what = spec.what;
+                                                    Issue issue) {
+  OpName what = spec.what;
   bool poster_waits = spec.poster_waits;
   spec.timed = timing_.load();
   auto work = c10::make_intrusive<WorkDlslime>(rank_, std::move(spec));
   slime_req_t* req = nullptr;
   {
     std::shared_lock<std::shared_mutex> lock(comm_mu_);
-    TORCH_CHECK(comm_, "dlslime: ", what, " on process group '", group_name_,
-                "', which was shut down (destroy_process_group)");
+    TORCH_CHECK(comm_, "dlslime: ", what.text(), " on process group '",
+                group_name_, "', which was shut down (destroy_process_group)");
     if (poster_waits)
       slime_comm_next_waited(comm_);
     slime_status_t st = issue(comm_, &req);
     if (st != SLIME_OK)
-      throw_last_error(what, st);
+      throw_last_error(what.text(), st);
   }
   work->arm(req);
   return work;
 }
 
 c10::intrusive_ptr<c10d::Work> BackendDlslime::post_collective(
-    WorkSpec spec, std::chrono::milliseconds op_timeout, const Issue& issue) {
+    WorkSpec spec, std::chrono::milliseconds op_timeout, Issue issue) {
   spec.timeout = timeout_of(op_timeout) + kCollectiveGrace;
   auto work = post(std::move(spec), issue);
   seq_.fetch_add(1);
@@ -209,7 +209,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::post_collective(
 
 c10::intrusive_ptr<c10d::Work> BackendDlslime::post_collectives(
     WorkSpec spec, std::chrono::milliseconds op_timeout,
-    const std::vector<Issue>& issues) {
+    const std::vector<KeptIssue>& issues) {
   // A communicator runs its collectives one at a time in post order, and
   // once one fails every later one fails too: the last one's completion
   // and status are those of the whole.  The earlier ones' Works are

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/FunctionRef.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <dlslime/dlslime.h>
@@ -153,20 +154,23 @@ class BackendDlslime : public c10d::Backend {
                         bool wait_all_ranks) override;
 
  private:
-  using Issue = std::function<slime_status_t(slime_comm_t*, slime_req_t**)>;
+  // Posts the C operation; called before post returns, so it refers to
+  // the caller's lambda (a std::function would allocate for it per op).
+  using Issue = c10::function_ref<slime_status_t(slime_comm_t*, slime_req_t**)>;
+  // An Issue kept in a list until the list is posted (coalesced ops).
+  using KeptIssue = std::function<slime_status_t(slime_comm_t*, slime_req_t**)>;
 
   // Posts one C operation (issue) and returns its Work; throws with the
   // C library's text if posting fails.
-  c10::intrusive_ptr<c10d::Work> post(WorkSpec spec, const Issue& issue);
+  c10::intrusive_ptr<c10d::Work> post(WorkSpec spec, Issue issue);
   // Posts a collective: counts it and bounds its Work's wait().
   c10::intrusive_ptr<c10d::Work> post_collective(
-      WorkSpec spec, std::chrono::milliseconds op_timeout,
-      const Issue& issue);
+      WorkSpec spec, std::chrono::milliseconds op_timeout, Issue issue);
   // Posts several collectives back to back (one per dtype of a coalesced
   // reduction); the Work of the last one stands for them all.
   c10::intrusive_ptr<c10d::Work> post_collectives(
       WorkSpec spec, std::chrono::milliseconds op_timeout,
-      const std::vector<Issue>& issues);
+      const std::vector<KeptIssue>& issues);
   // Every rank's record of its sparse tensor (ops_sparse.cpp), gathered
   // and waited for.
   at::Tensor gather_sparse_meta(const at::Tensor& mine,

@@ -23,15 +23,15 @@ inline std::function<void(slime_req_t*)> copy_back_of(const Staging& staging) {
 inline WorkSpec collective_spec(c10d::OpType type, const char* title,
                                 const char* what,
                                 std::vector<at::Tensor> outputs,
-                                const Staging& staging, bool async_op = true) {
+                                Staging& staging, bool async_op = true) {
   WorkSpec spec;
   spec.poster_waits = !async_op;
   spec.type = type;
   spec.profiling_title = title;
   spec.what = what;
   spec.outputs = std::move(outputs);
-  spec.keep_alive = staging.keep_alive();
   spec.on_success = copy_back_of(staging);
+  spec.keep_alive = staging.take_keep_alive();
   return spec;
 }
 

@@ -132,7 +132,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::reduce_scatter_tensor_coalesced(
   if (inputs.size() == 1)
     return _reduce_scatter_base(outputs[0], inputs[0], opts);
   Staging staging;
-  std::vector<Issue> issues;
+  std::vector<KeptIssue> issues;
   for (const auto& group : by_dtype(inputs)) {
     std::vector<at::Tensor> ins = pick(inputs, group);
     Reduction red = checked_reduction(ins[0], opts.reduceOp, op);
@@ -164,7 +164,7 @@ c10::intrusive_ptr<c10d::Work> BackendDlslime::allreduce_coalesced(
   if (tensors.size() == 1)
     return allreduce(tensors, opts);
   Staging staging;
-  std::vector<Issue> issues;
+  std::vector<KeptIssue> issues;
   for (const auto& group : by_dtype(tensors)) {
     std::vector<at::Tensor> ts = pick(tensors, group);
     Reduction red = checked_reduction(ts[0], opts.reduceOp, op);

@@ -34,7 +34,8 @@ void* data_of(const at::Tensor& t) {
 at::Tensor Staging::input(const at::Tensor& t) {
   at::Tensor c = t.contiguous();
   keep_.push_back(t);
-  keep_.push_back(c);
+  if (!c.is_same(t))
+    keep_.push_back(c);
   return c;
 }
 
@@ -91,8 +92,8 @@ at::Tensor Staging::blocks(const std::vector<at::Tensor>& tensors,
   return buf;
 }
 
-std::vector<at::Tensor> Staging::keep_alive() const {
-  return keep_;
+std::vector<at::Tensor> Staging::take_keep_alive() {
+  return std::move(keep_);
 }
 
 std::function<void()> Staging::copy_back() const {

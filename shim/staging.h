@@ -43,8 +43,9 @@ class Staging {
   at::Tensor blocks(const std::vector<at::Tensor>& tensors, int64_t parts,
                     bool copy_in, bool copy_out);
 
-  // Every tensor the C library may touch, to keep alive until it is done.
-  std::vector<at::Tensor> keep_alive() const;
+  // Every tensor the C library may touch, to keep alive until it is
+  // done: moved out, so the last use of keep_alive.
+  std::vector<at::Tensor> take_keep_alive();
   // The copies back into the caller's tensors, to run after success.
   std::function<void()> copy_back() const;
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <memory>
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include "completions.h"
@@ -27,8 +28,26 @@ int64_t ms_left(Clock::time_point deadline) {
 
 } // namespace
 
+std::string OpName::text() const {
+  std::string s = op;
+  if (!toward)
+    return s;
+  if (peer == kAnySource)
+    s += std::string(" ") + toward + " any source";
+  else
+    s += std::string(" ") + toward + " rank " + std::to_string(peer);
+  return s + " (tag " + std::to_string(tag) + ")";
+}
+
+// c10d::Work makes a RecordFunction for a titled op, an allocation per
+// op, and keeps it only when a profiler listens: the title (and the
+// tensors, whose shapes the profiler records) go only to one that does.
 WorkDlslime::WorkDlslime(int rank, WorkSpec spec)
-    : c10d::Work(rank, spec.type, spec.profiling_title),
+    : WorkDlslime(rank, std::move(spec), at::hasCallbacks()) {}
+
+WorkDlslime::WorkDlslime(int rank, WorkSpec spec, bool profiled)
+    : c10d::Work(rank, spec.type, profiled ? spec.profiling_title : nullptr,
+                 profiled ? std::make_optional(spec.outputs) : std::nullopt),
       spec_(std::move(spec)) {}
 
 namespace {
@@ -104,14 +123,18 @@ void WorkDlslime::complete(slime_status_t status) noexcept {
   std::exception_ptr err;
   try {
     if (status == SLIME_OK) {
+      size_t got = slime_req_bytes(req_);
+      TORCH_CHECK(spec_.expect_bytes == kAnyBytes || got == spec_.expect_bytes,
+                  "dlslime: ", spec_.what.text(), ": expected a message of ",
+                  spec_.expect_bytes, " bytes, got ", got, " bytes");
       if (spec_.on_success)
         spec_.on_success(req_);
     } else if (status == SLIME_ERR_CANCELED && timed_out_ms_.load() > 0) {
-      err = backend_error("dlslime: " + spec_.what + ": Timed out after " +
+      err = backend_error("dlslime: " + spec_.what.text() + ": Timed out after " +
                           std::to_string(timed_out_ms_.load()) +
                           " ms, and was canceled");
     } else {
-      err = status_exception(spec_.what, status, slime_req_error(req_));
+      err = status_exception(spec_.what.text(), status, slime_req_error(req_));
     }
   } catch (...) {
     err = std::current_exception();
@@ -178,7 +201,7 @@ bool WorkDlslime::wait(milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!completed_)
     std::rethrow_exception(backend_error(
-        "dlslime: " + spec_.what + ": Timed out waiting " +
+        "dlslime: " + spec_.what.text() + ": Timed out waiting " +
         std::to_string(limit.count()) + " ms for it to complete"));
   if (exception_)
     std::rethrow_exception(exception_);
@@ -220,7 +243,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDlslime::getFuture() {
     if (st != SLIME_OK) {
       std::string detail = slime_last_error();
       delete holder;
-      TORCH_CHECK(false, "dlslime: ", spec_.what, ": cannot arm the "
+      TORCH_CHECK(false, "dlslime: ", spec_.what.text(), ": cannot arm the "
                   "Future's completion: ", detail);
     }
   }
@@ -233,21 +256,21 @@ std::vector<at::Tensor> WorkDlslime::result() {
 
 int WorkDlslime::sourceRank() const {
   TORCH_CHECK(spec_.source_of, "dlslime: sourceRank() is only defined for a "
-              "recv from any source, not for ", spec_.what);
+              "recv from any source, not for ", spec_.what.text());
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(completed_ && !exception_, "dlslime: sourceRank() of ",
-                spec_.what, " before it completed successfully");
+                spec_.what.text(), " before it completed successfully");
   }
   return spec_.source_of(req_);
 }
 
 float WorkDlslime::getDuration() const {
-  TORCH_CHECK(spec_.timed, "dlslime: ", spec_.what, " has no duration: "
+  TORCH_CHECK(spec_.timed, "dlslime: ", spec_.what.text(), " has no duration: "
               "enable collectives timing on the group before the op "
               "(ProcessGroup._enable_collectives_timing())");
   int64_t us = duration_us_.load();
-  TORCH_CHECK(us >= 0, "dlslime: ", spec_.what,
+  TORCH_CHECK(us >= 0, "dlslime: ", spec_.what.text(),
               " has no duration before it completed");
   return static_cast<float>(us) / 1000.0f;
 }

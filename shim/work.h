@@ -27,11 +27,30 @@
 
 namespace dlslime_shim {
 
+// Names an operation in errors: "all_reduce", "recv from rank 1 (tag 0)".
+// Spelled out only when a message needs it: building the string for
+// every send and receive cost several allocations per call.
+struct OpName {
+  static constexpr int kAnySource = -1;
+  const char* op = "operation";
+  const char* toward = nullptr; // "to" or "from" for a point-to-point op
+  int peer = kAnySource;
+  int tag = 0;
+
+  OpName() = default;
+  OpName(const char* op_) : op(op_) {} // NOLINT: a collective's name
+  OpName(const char* op_, const char* toward_, int peer_, int tag_)
+      : op(op_), toward(toward_), peer(peer_), tag(tag_) {}
+  std::string text() const;
+};
+
+// No expected size: any number of bytes is a success.
+constexpr size_t kAnyBytes = static_cast<size_t>(-1);
+
 struct WorkSpec {
   c10d::OpType type = c10d::OpType::UNKNOWN;
   const char* profiling_title = nullptr;
-  // Names the operation in errors: "all_reduce", "recv from rank 1 (tag 0)".
-  std::string what;
+  OpName what;
   // The Future's value and result().
   std::vector<at::Tensor> outputs;
   // Every buffer the C library uses (staging copies included); released
@@ -41,6 +60,10 @@ struct WorkSpec {
   // Work: copies out of staging buffers, size checks.  May throw; the
   // Work then fails with that.
   std::function<void(slime_req_t*)> on_success;
+  // A receive: the message must fill the buffer exactly; a shorter one
+  // fails the receive rather than leave the tensor's tail as it was
+  // (checked before on_success).
+  size_t expect_bytes = kAnyBytes;
   // For recv from any source: the rank a completed request came from.
   std::function<int(slime_req_t*)> source_of;
   // What wait() with no timeout waits for.
@@ -73,6 +96,7 @@ class WorkDlslime : public c10d::Work {
   float getDuration() const override;
 
  private:
+  WorkDlslime(int rank, WorkSpec spec, bool profiled);
   static void on_complete(slime_req_t* req, void* arg);
   // Finishes the Work if the request has completed and nobody else is
   // finishing it; true if this call did.
@@ -82,8 +106,10 @@ class WorkDlslime : public c10d::Work {
 
   WorkSpec spec_;
   slime_req_t* req_ = nullptr;
+  // When a timed op was posted (a clock read only where it is used).
   const std::chrono::steady_clock::time_point posted_ =
-      std::chrono::steady_clock::now();
+      spec_.timed ? std::chrono::steady_clock::now()
+                  : std::chrono::steady_clock::time_point{};
   // Set when a timed op completes (-1: not yet).
   std::atomic<int64_t> duration_us_{-1};
   // Set by the one thread that finishes the Work.

@@ -106,3 +106,31 @@ def test_monitored_barrier_names_the_missing_rank_like_gloo():
     assert "Ranks 2 failed to pass monitoredBarrier in 2000 ms" in slime, slime
     slime1, _ = results[1]           # rank 0 told rank 1 that it failed
     assert slime1 and "Rank 1 successfully reached monitoredBarrier" in slime1, slime1
+
+
+def _short_message(rank, size, store):
+    import dlslime_torch  # noqa: F401
+    dist.init_process_group("dlslime", store=store, rank=rank, world_size=size, timeout=LONG)
+    out = {}
+    for how in ("from", "any"):
+        if rank == 0:
+            dist.send(torch.arange(2.0), dst=1, tag=5)
+            continue
+        try:
+            dist.recv(torch.empty(4), src=0 if how == "from" else None, tag=5)  # 16 bytes, 8 sent
+            out[how] = None
+        except RuntimeError as exc:
+            out[how] = str(exc)
+    # the group still works: nothing was left behind
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_message_that_does_not_fill_the_tensor_fails_the_recv():
+    out = run_job(2, _short_message)[1]
+    assert "recv from rank 0 (tag 5): expected a message of 16 bytes, got 8 bytes" in out["from"], out
+    assert "recv from any source (tag 5): expected a message of 16 bytes, got 8 bytes" in out["any"], out
+    assert out["after"] == [2.0, 2.0, 2.0]
