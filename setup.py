@@ -34,6 +34,10 @@ CORE_LIBRARY = "libdlslime.so"
 # builds the C tests in the same place.
 CORE_BUILD_DIR = os.path.join(ROOT, os.environ.get("DLSLIME_BUILD_DIR", "build"))
 
+# The extensions' object files, wherever build_ext is run from (the name
+# setuptools itself gives it under build_base, below).
+OBJECT_DIR = os.path.join(CORE_BUILD_DIR, "setuptools",
+                          f"temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}")
 # Same warning discipline as the core (CMakeLists.txt).
 C_FLAGS = ["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror",
            "-fvisibility=hidden"]
@@ -161,6 +165,15 @@ class BuildCoreThenExtensions(_BuildExtBase):
     C, which torch's Ninja path would compile as C++, so _C goes through
     setuptools' own compiler (build_extension below).
     """
+
+    def finalize_options(self):
+        super().finalize_options()
+        # pip's editable build hands build_ext a throw-away directory for
+        # its objects, so the next build (scripts/run_tests.sh's
+        # build_ext --inplace) compiled the shim again from scratch
+        # (minutes): every build keeps them in the one build tree, where
+        # Ninja recompiles only what changed.
+        self.build_temp = OBJECT_DIR
 
     def run(self):
         try:
