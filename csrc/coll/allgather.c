@@ -14,6 +14,8 @@ static bool allgather_exec(coll_run_t *r, const coll_op_t *op) {
     slime_comm_t *c = r->comm;
     const int n = c->size;
     if (op->bytes == 0) return true;
+    if (pairbox_usable(r, op->bytes)) return pairbox_allgather(r, op);
+    if (!run_ok(r)) return false;
     uint8_t *const *blocks = (uint8_t *const *)op->ptrs;
     uint8_t *mine = blocks[c->rank];
     /* memmove: src may overlap its own block (in place, or nearly) */

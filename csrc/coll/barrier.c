@@ -7,6 +7,8 @@ static bool barrier_exec(coll_run_t *r, const coll_op_t *op) {
     (void)op;
     slime_comm_t *c = r->comm;
     const int n = c->size;
+    if (pairbox_usable(r, 0)) return pairbox_barrier(r);
+    if (!run_ok(r)) return false;
     r->phase = "dissemination";
     uint32_t round = 0;
     for (int k = 1; k < n; k <<= 1, round++)

@@ -70,6 +70,8 @@ static bool chain(coll_run_t *r, const coll_op_t *op) {
 static bool bcast_exec(coll_run_t *r, const coll_op_t *op) {
     const int n = r->comm->size;
     if (n == 1 || op->bytes == 0) return true;
+    if (pairbox_usable(r, op->bytes)) return pairbox_broadcast(r, op);
+    if (!run_ok(r)) return false;
     if (op->bytes <= coll_small_bytes() || n == 2) return binomial(r, op);
     return chain(r, op);
 }

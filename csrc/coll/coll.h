@@ -79,6 +79,7 @@ struct slime_comm {
     enum { PAIRBOX_UNKNOWN, PAIRBOX_ON, PAIRBOX_OFF } box_state;
     p2p_box_t box;
     uint64_t box_seq;               /* the last message's number */
+    uint64_t box_written[2];        /* our last message in each buffer of our side */
     uint64_t box_peer_done;         /* the peer read our messages up to this one */
 
     /* the worker's alone */
@@ -281,9 +282,25 @@ const uint8_t *ring_src_at(const ring_plan_t *p, int n, int b, size_t first);
  * agree on one (a message each way): false also when that failed, which
  * run_ok tells. */
 bool pairbox_usable(coll_run_t *r, size_t bytes);
-bool pairbox_allreduce(coll_run_t *r, const coll_op_t *op);
 /* At destroy: gives the box back. */
 void pairbox_close(slime_comm_t *comm);
+/* The most bytes one message carries. */
+size_t pairbox_cap(const slime_comm_t *comm);
+/* Writes message seq (len <= cap bytes, of a collective of total bytes)
+ * into our side, once the peer is done with the buffer's last one. */
+bool pairbox_put(coll_run_t *r, uint64_t seq, const void *data, size_t len, uint64_t total);
+/* The peer's message seq, once it is there, of a collective of total
+ * bytes at both ranks; NULL if the run failed. */
+const uint8_t *pairbox_get(coll_run_t *r, uint64_t seq, uint64_t total);
+/* We are done reading the peer's message seq: its buffer is the peer's again. */
+void pairbox_release(slime_comm_t *comm, uint64_t seq);
+
+/* ---- pairbox_ops.c: the collectives a box carries (pairbox_usable first) ---- */
+bool pairbox_allreduce(coll_run_t *r, const coll_op_t *op);
+bool pairbox_broadcast(coll_run_t *r, const coll_op_t *op);
+bool pairbox_allgather(coll_run_t *r, const coll_op_t *op);
+bool pairbox_reduce_scatter(coll_run_t *r, const coll_op_t *op);
+bool pairbox_barrier(coll_run_t *r);
 
 /* ---- tuning (tuning.c) ---- */
 size_t coll_chunk_bytes(void);      /* pipeline unit; $DLSLIME_COLL_CHUNK */

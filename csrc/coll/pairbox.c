@@ -15,13 +15,17 @@
  *   done     the stamp of the last message read from the peer's side
  *   sleep    non-zero while its owner sleeps on a futex in the box
  * Messages are numbered per communicator (seq: the same on both ranks,
- * since both run its collectives in the same order).  A stamp packs the
- * communicator's id and epoch with seq, so what an earlier user of the
- * slot left behind never passes for a message.  The writer of message
- * seq reuses the buffer of seq - 2, so it waits until the reader is done
- * with that one; in an exchange it knows without looking (the peer wrote
- * its part of seq only after it finished seq - 1).  The first 48 bytes
- * of data share the stamp's cache line: an 8-byte message is one line.
+ * since both run its collectives in the same order); a rank writes only
+ * the messages its part of a collective sends (a broadcast's root alone,
+ * both ranks in an exchange).  A stamp packs the communicator's id and
+ * epoch with seq, so what an earlier user of the slot left behind never
+ * passes for a message.  Before a rank writes a buffer again it waits
+ * until the reader is done with its last message there, and often knows
+ * without looking: every collective keeps the rule that a rank writes
+ * message seq only after it released every earlier message it reads, so
+ * a message of the peer's numbered seq says it read ours up to seq - 1.
+ * The first 48 bytes of data share the stamp's cache line: an 8-byte
+ * message is one line.
  *
  * total is the whole collective's size at the writer, which the reader
  * compares with its own: ranks that disagree on the size fail at once,
@@ -38,7 +42,6 @@
 #include <unistd.h>
 
 #include "coll/coll.h"
-#include "coll/reduce_kernels.h"
 
 #define LINE 64u
 #define MSG_DATA 16u                /* the data's offset in a message */
@@ -55,8 +58,7 @@ typedef struct box_offer {
 
 static size_t msg_stride(size_t len) { return ((len - 2 * LINE) / 2) & ~(size_t)(LINE - 1); }
 
-/* The most bytes one message carries. */
-static size_t pairbox_cap(const slime_comm_t *c) { return (msg_stride(c->box.len) - MSG_DATA) & ~(size_t)(LINE - 1); }
+size_t pairbox_cap(const slime_comm_t *c) { return (msg_stride(c->box.len) - MSG_DATA) & ~(size_t)(LINE - 1); }
 
 static uint64_t stamp_of(const slime_comm_t *c, uint64_t seq) {
     return (uint64_t)c->id << 48 | (uint64_t)c->epoch << SEQ_BITS | (seq & SEQ_MASK);
@@ -144,24 +146,23 @@ static bool box_wait(coll_run_t *r, _Atomic uint64_t *word, uint64_t want, bool 
     return ok;
 }
 
-/* Writes message seq (len <= cap) of a collective of total bytes into our side. */
-static bool put(coll_run_t *r, uint64_t seq, const void *data, size_t len, uint64_t total) {
+bool pairbox_put(coll_run_t *r, uint64_t seq, const void *data, size_t len, uint64_t total) {
     slime_comm_t *c = r->comm;
-    if (c->box_peer_done + 2 < seq) {
-        if (!box_wait(r, done_word(theirs(c), c->box.len), stamp_of(c, seq - 2), true, "send to")) return false;
-        c->box_peer_done = seq - 2;
+    uint64_t last = c->box_written[seq & 1]; /* our last message in this buffer */
+    if (last > c->box_peer_done) {
+        if (!box_wait(r, done_word(theirs(c), c->box.len), stamp_of(c, last), true, "send to")) return false;
+        c->box_peer_done = last;
     }
     _Atomic uint64_t *stamp = msg_stamp(c->box.mine, c->box.len, seq);
-    memcpy((uint8_t *)stamp + MSG_DATA, data, len);
+    if (len) memcpy((uint8_t *)stamp + MSG_DATA, data, len);
     ((uint64_t *)stamp)[1] = total;
     atomic_store_explicit(stamp, stamp_of(c, seq), memory_order_release);
+    c->box_written[seq & 1] = seq;
     wake_peer(c, stamp);
     return true;
 }
 
-/* The peer's message seq, once it is there, of a collective of total
- * bytes at both ranks; NULL if the run failed. */
-static const uint8_t *get(coll_run_t *r, uint64_t seq, uint64_t total) {
+const uint8_t *pairbox_get(coll_run_t *r, uint64_t seq, uint64_t total) {
     slime_comm_t *c = r->comm;
     _Atomic uint64_t *stamp = msg_stamp(theirs(c), c->box.len, seq);
     if (!box_wait(r, stamp, stamp_of(c, seq), false, "recv from")) return NULL;
@@ -171,11 +172,12 @@ static const uint8_t *get(coll_run_t *r, uint64_t seq, uint64_t total) {
                  "same sizes?)", r->phase, 1 - c->rank, (unsigned long long)got, (unsigned long long)total);
         return NULL;
     }
+    /* the peer wrote seq only after it released our messages before it */
+    if (c->box_peer_done < seq - 1) c->box_peer_done = seq - 1;
     return (const uint8_t *)stamp + MSG_DATA;
 }
 
-/* We are done reading the peer's message seq: its buffer is the peer's again. */
-static void release(slime_comm_t *c, uint64_t seq) {
+void pairbox_release(slime_comm_t *c, uint64_t seq) {
     _Atomic uint64_t *done = done_word(c->box.mine, c->box.len);
     atomic_store_explicit(done, stamp_of(c, seq), memory_order_release);
     wake_peer(c, done);
@@ -217,36 +219,6 @@ bool pairbox_usable(coll_run_t *r, size_t bytes) {
      * run it, with the same size */
     if (c->box_state == PAIRBOX_UNKNOWN && !agree(r)) return false;
     return c->box_state == PAIRBOX_ON;
-}
-
-bool pairbox_allreduce(coll_run_t *r, const coll_op_t *op) {
-    slime_comm_t *c = r->comm;
-    const size_t es = slime_dtype_size(op->dtype);
-    const size_t piece = pairbox_cap(c) / es; /* elements a message carries */
-    uint8_t *buf = op->buf;
-    r->phase = "shared box";
-    for (size_t done = 0; done < op->count; done += piece) {
-        size_t n = op->count - done < piece ? op->count - done : piece, bytes = n * es;
-        uint8_t *at = buf + done * es;
-        uint64_t seq = ++c->box_seq;
-        if (!put(r, seq, at, bytes, op->count * es)) return false;
-        const uint8_t *in = get(r, seq, op->count * es);
-        if (!in) return false;
-        /* both ranks combine rank 0's data first: the same bits at both */
-        if (c->rank == 0) {
-            red_accumulate(op->dtype, op->redop, at, in, n);
-        } else {
-            uint8_t *tmp = comm_scratch(c, bytes);
-            if (!tmp) return run_fail(r, SLIME_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
-            red_combine(op->dtype, op->redop, tmp, in, at, n);
-            memcpy(at, tmp, bytes);
-        }
-        release(c, seq);
-        c->box_peer_done = seq - 1; /* it wrote seq after it was done with seq - 1 */
-    }
-    if (op->redop == SLIME_RED_AVG) red_divide(op->dtype, buf, op->count, 2);
-    p2p_count_box_op(c->ctx);
-    return true;
 }
 
 void pairbox_close(slime_comm_t *c) {

@@ -20,6 +20,8 @@ static bool reduce_scatter_exec(coll_run_t *r, const coll_op_t *op) {
         if (op->dst != src_blocks[0]) memmove(op->dst, src_blocks[0], op->count * es);
         return true; /* AVG over one rank divides by one */
     }
+    if (pairbox_usable(r, op->count * es)) return pairbox_reduce_scatter(r, op);
+    if (!run_ok(r)) return false;
     ring_plan_t p = {
         .mode = RING_FROM_SRC,
         .src_blocks = src_blocks,

@@ -1,7 +1,8 @@
 /*
  * test_pair_box.c - two ranks on one host move small collectives through
- * a shared box (csrc/coll/pairbox.c).  SLIME_COUNTER_BOX_OPS proves which
- * path ran: over shm every small allreduce goes through the box and a
+ * a shared box (csrc/coll/pairbox.c, pairbox_ops.c).  SLIME_COUNTER_BOX_OPS
+ * proves which path ran: over shm every small allreduce, broadcast,
+ * allgather, reduce_scatter and barrier goes through the box and a
  * larger one does not; over tcp none does.  Results are checked against
  * the reference: split into several messages, in communicators beyond
  * the slots a connection has, in a slot an earlier communicator left
@@ -140,6 +141,117 @@ static void peer_killed_in_the_box(h_rank_t *r)
     slime_comm_destroy(comm);
 }
 
+/* ---- the other collectives ------------------------------------------ */
+
+static uint64_t seed_of(int rank, int what)
+{
+    return 5000 + (uint64_t)rank * 64 + (uint64_t)what;
+}
+
+/* A broadcast of len bytes from root, checked; 0xee marks unwritten. */
+static void broadcast_checked(slime_comm_t *comm, h_rank_t *r, size_t len, int root, int what)
+{
+    uint8_t *buf = h_alloc(len + 1);
+    memset(buf, 0xee, len + 1);
+    if (r->rank == root)
+        h_fill(buf, len, seed_of(root, what), len);
+    T_RUN(slime_broadcast(comm, buf, len, root, &q_));
+    H_CHECK_PATTERN(buf, len, seed_of(root, what), len);
+    H_CHECK_BYTES(buf + len, 1, 0xee);
+    free(buf);
+}
+
+/* An allgather of len bytes per rank, out of place or in place. */
+static void allgather_checked(slime_comm_t *comm, h_rank_t *r, size_t len, bool in_place, int what)
+{
+    uint8_t *src = h_alloc(len), *dst = h_alloc(2 * len + 1);
+    memset(dst, 0xee, 2 * len + 1);
+    uint8_t *from = in_place ? dst + (size_t)r->rank * len : src;
+    h_fill(from, len, seed_of(r->rank, what), len);
+    T_RUN(slime_allgather(comm, from, len, dst, &q_));
+    for (int k = 0; k < 2; k++)
+        H_CHECK_PATTERN(dst + (size_t)k * len, len, seed_of(k, what), len);
+    H_CHECK_BYTES(dst + 2 * len, 1, 0xee);
+    free(src);
+    free(dst);
+}
+
+/* A reduce_scatter of count elements per rank; in place, dst is this
+ * rank's own block of src. */
+static void reduce_scatter_checked(slime_comm_t *comm, h_rank_t *r, slime_dtype_t dt, slime_redop_t op,
+                                   size_t count, bool in_place)
+{
+    size_t es = slime_dtype_size(dt);
+    uint8_t *src = h_alloc(2 * count * es + 1), *dst = h_alloc(count * es + 1);
+    t_fill_input(dt, op, r->rank, src, 2 * count);
+    memset(dst, 0xee, count * es + 1);
+    uint8_t *out = in_place ? src + (size_t)r->rank * count * es : dst;
+    T_RUN(slime_reduce_scatter(comm, src, out, count, dt, op, &q_));
+    t_check_reduced("reduce_scatter", dt, op, 2, out, (size_t)r->rank * count, count);
+    if (!in_place)
+        H_CHECK_BYTES(dst + count * es, 1, 0xee);
+    free(src);
+    free(dst);
+}
+
+/* broadcast (both roots), allgather, reduce_scatter and barrier up to the
+ * limit each go through the box over shm (none over tcp); one past the
+ * limit does not. */
+static void other_collectives_take_the_box(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    uint64_t before = box_ops(r), ran = 0;
+    const size_t sizes[] = {1, 13, 4096};
+    for (size_t s = 0; s < 3; s++) {
+        size_t len = sizes[s];
+        for (int root = 0; root < 2; root++, ran++)
+            broadcast_checked(comm, r, len, root, 1);
+        for (int in_place = 0; in_place < 2; in_place++, ran++)
+            allgather_checked(comm, r, len, in_place, 2 + in_place);
+        for (size_t d = 0; d < T_NDTYPES; d++) {
+            slime_dtype_t dt = t_dtypes[d];
+            size_t count = len / slime_dtype_size(dt);
+            for (size_t o = 0; count && o < T_NOPS; o++, ran++) {
+                if (!t_applies(t_ops[o], dt)) {
+                    ran--;
+                    continue;
+                }
+                reduce_scatter_checked(comm, r, dt, t_ops[o], count, o % 2 == 1);
+            }
+        }
+        T_RUN(slime_barrier(comm, &q_));
+        ran++;
+    }
+    H_CHECK_EQ(box_ops(r) - before, over_shm() ? ran : 0);
+    before = box_ops(r);
+    broadcast_checked(comm, r, 4097, 1, 4);
+    allgather_checked(comm, r, 4097, false, 5);
+    reduce_scatter_checked(comm, r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 4096 / 4 + 1, false);
+    H_CHECK_EQ(box_ops(r) - before, 0);
+    slime_comm_destroy(comm);
+}
+
+/* Broadcasts of several messages each, the root changing, between
+ * exchanges: a root writes ahead of its reader (who now and then comes
+ * late) only into a buffer the reader is done with. */
+static void broadcast_runs_ahead(h_rank_t *r)
+{
+    setenv("DLSLIME_PAIR_BOX_MAX", "65536", 1);
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    uint64_t before = box_ops(r);
+    for (int i = 0; i < 30; i++) {
+        int root = i % 3 == 2 ? 1 : 0; /* twice from 0, once from 1 */
+        if (r->rank != root && i % 5 == 0)
+            h_sleep_ms(2);
+        broadcast_checked(comm, r, 20000 + (size_t)i, root, 6 + i % 4);
+        if (i % 4 == 3)
+            allgather_checked(comm, r, 9000 + (size_t)i, false, 10);
+    }
+    T_RUN(slime_barrier(comm, &q_));
+    H_CHECK_EQ(box_ops(r) - before, over_shm() ? 30 + 7 + 1 : 0);
+    slime_comm_destroy(comm);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -148,6 +260,8 @@ int main(int argc, char **argv)
         {"more_comms_than_slots", more_comms_than_slots, 2, false, 0},
         {"one_rank_refuses", one_rank_refuses, 2, false, 0},
         {"peer_killed_in_the_box", peer_killed_in_the_box, 2, false, 1u << 1},
+        {"other_collectives_take_the_box", other_collectives_take_the_box, 2, false, 0},
+        {"broadcast_runs_ahead", broadcast_runs_ahead, 2, false, 0},
     };
     return h_main("test_pair_box", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
