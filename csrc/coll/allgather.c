@@ -42,16 +42,24 @@ static slime_status_t allgather_check(slime_comm_t *comm, slime_req_t **out, siz
     return st;
 }
 
-slime_status_t slime_allgather_ptrs(slime_comm_t *comm, const void *src, size_t bytes, void *const *dst_blocks,
-                                    slime_req_t **out) {
-    slime_status_t st = allgather_check(comm, out, bytes);
-    if (st != SLIME_OK) return st;
+/* The rest of the checks, and the post.  Each entry point runs
+ * allgather_check once: a second coll_check would drop the caller's
+ * slime_comm_next_waited, and the post would wake the worker. */
+static slime_status_t allgather_post(slime_comm_t *comm, const void *src, size_t bytes, void *const *dst_blocks,
+                                     slime_req_t **out) {
     if (bytes && !src) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL src buffer with %zu bytes", bytes);
     void **ptrs;
-    st = coll_copy_blocks("allgather", "dst block", (const void *const *)dst_blocks, comm->size, bytes, "bytes", &ptrs);
+    slime_status_t st = coll_copy_blocks("allgather", "dst block", (const void *const *)dst_blocks, comm->size,
+                                         bytes, "bytes", &ptrs);
     if (st != SLIME_OK) return st;
     coll_op_t t = {.exec = allgather_exec, .name = "allgather", .src = src, .bytes = bytes, .ptrs = ptrs};
     return coll_post(comm, &t, out);
+}
+
+slime_status_t slime_allgather_ptrs(slime_comm_t *comm, const void *src, size_t bytes, void *const *dst_blocks,
+                                    slime_req_t **out) {
+    slime_status_t st = allgather_check(comm, out, bytes);
+    return st == SLIME_OK ? allgather_post(comm, src, bytes, dst_blocks, out) : st;
 }
 
 slime_status_t slime_allgather(slime_comm_t *comm, const void *src, size_t bytes, void *dst,
@@ -62,7 +70,7 @@ slime_status_t slime_allgather(slime_comm_t *comm, const void *src, size_t bytes
     /* the same collective with each block's address spelled out */
     const void **blocks = coll_flat_blocks(dst, comm->size, bytes);
     if (!blocks) return SLIME_ERR_NOMEM;
-    st = slime_allgather_ptrs(comm, src, bytes, (void *const *)blocks, out);
+    st = allgather_post(comm, src, bytes, (void *const *)blocks, out);
     free(blocks);
     return st;
 }

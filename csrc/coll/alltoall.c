@@ -29,10 +29,11 @@ static bool alltoallv_exec(coll_run_t *r, const coll_op_t *op) {
     return true; /* the worker waits for them */
 }
 
-slime_status_t slime_alltoallv_ptrs(slime_comm_t *comm, const void *const *srcs, const size_t *send_bytes,
-                                    void *const *dsts, const size_t *recv_bytes, slime_req_t **out) {
-    slime_status_t st = coll_check(comm, out, "alltoallv", false, 0);
-    if (st != SLIME_OK) return st;
+/* After coll_check: the rest of the checks, and the post.  Each entry
+ * point runs coll_check once: a second one would drop the caller's
+ * slime_comm_next_waited, and the post would wake the worker. */
+static slime_status_t alltoallv_post(slime_comm_t *comm, const void *const *srcs, const size_t *send_bytes,
+                                     void *const *dsts, const size_t *recv_bytes, slime_req_t **out) {
     if (!srcs || !send_bytes || !dsts || !recv_bytes)
         return slime_errorf(SLIME_ERR_INVAL, "alltoallv: NULL buffer or size array");
     const int n = comm->size;
@@ -57,6 +58,12 @@ slime_status_t slime_alltoallv_ptrs(slime_comm_t *comm, const void *const *srcs,
     }
     coll_op_t t = {.exec = alltoallv_exec, .name = "alltoallv", .bytes = total, .v = v};
     return coll_post(comm, &t, out);
+}
+
+slime_status_t slime_alltoallv_ptrs(slime_comm_t *comm, const void *const *srcs, const size_t *send_bytes,
+                                    void *const *dsts, const size_t *recv_bytes, slime_req_t **out) {
+    slime_status_t st = coll_check(comm, out, "alltoallv", false, 0);
+    return st == SLIME_OK ? alltoallv_post(comm, srcs, send_bytes, dsts, recv_bytes, out) : st;
 }
 
 slime_status_t slime_alltoallv(slime_comm_t *comm, const void *src, const size_t *send_bytes,
@@ -87,7 +94,7 @@ slime_status_t slime_alltoallv(slime_comm_t *comm, const void *src, const size_t
         srcs[q] = send_bytes[q] ? (const uint8_t *)src + send_offs[q] : NULL;
         dsts[q] = recv_bytes[q] ? (uint8_t *)dst + recv_offs[q] : NULL;
     }
-    st = slime_alltoallv_ptrs(comm, srcs, send_bytes, dsts, recv_bytes, out);
+    st = alltoallv_post(comm, srcs, send_bytes, dsts, recv_bytes, out);
     free(srcs);
     free(dsts);
     return st;

@@ -51,17 +51,25 @@ static slime_status_t reduce_scatter_check(slime_comm_t *comm, slime_req_t **out
     return SLIME_OK;
 }
 
-slime_status_t slime_reduce_scatter_ptrs(slime_comm_t *comm, const void *const *src_blocks, void *dst,
-                                         size_t count, slime_dtype_t dtype, slime_redop_t op, slime_req_t **out) {
-    slime_status_t st = reduce_scatter_check(comm, out, count, dtype, op);
-    if (st != SLIME_OK) return st;
+/* The rest of the checks, and the post.  Each entry point runs
+ * reduce_scatter_check once: a second coll_check would drop the caller's
+ * slime_comm_next_waited, and the post would wake the worker. */
+static slime_status_t reduce_scatter_post(slime_comm_t *comm, const void *const *src_blocks, void *dst,
+                                          size_t count, slime_dtype_t dtype, slime_redop_t op, slime_req_t **out) {
     if (count && !dst) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL dst buffer with %zu elements", count);
     void **ptrs;
-    st = coll_copy_blocks("reduce_scatter", "src block", src_blocks, comm->size, count, "elements", &ptrs);
+    slime_status_t st = coll_copy_blocks("reduce_scatter", "src block", src_blocks, comm->size, count, "elements",
+                                         &ptrs);
     if (st != SLIME_OK) return st;
     coll_op_t t = {.exec = reduce_scatter_exec, .name = "reduce_scatter", .typed = true, .dst = dst,
                    .count = count, .dtype = dtype, .redop = op, .ptrs = ptrs};
     return coll_post(comm, &t, out);
+}
+
+slime_status_t slime_reduce_scatter_ptrs(slime_comm_t *comm, const void *const *src_blocks, void *dst,
+                                         size_t count, slime_dtype_t dtype, slime_redop_t op, slime_req_t **out) {
+    slime_status_t st = reduce_scatter_check(comm, out, count, dtype, op);
+    return st == SLIME_OK ? reduce_scatter_post(comm, src_blocks, dst, count, dtype, op, out) : st;
 }
 
 slime_status_t slime_reduce_scatter(slime_comm_t *comm, const void *src, void *dst, size_t count,
@@ -73,7 +81,7 @@ slime_status_t slime_reduce_scatter(slime_comm_t *comm, const void *src, void *d
     /* the same collective with each block's address spelled out */
     const void **blocks = coll_flat_blocks(src, comm->size, count * es);
     if (!blocks) return SLIME_ERR_NOMEM;
-    st = slime_reduce_scatter_ptrs(comm, blocks, dst, count, dtype, op, out);
+    st = reduce_scatter_post(comm, blocks, dst, count, dtype, op, out);
     free(blocks);
     return st;
 }

@@ -142,6 +142,8 @@ static coll_op_t *worker_take(slime_comm_t *comm) {
 
 static void *worker_main(void *arg) {
     slime_comm_t *comm = arg;
+    /* a name for top -H, perf and the tests (/proc/PID/task/TID/comm) */
+    pthread_setname_np(pthread_self(), "slime-coll");
     pthread_mutex_lock(&comm->mu);
     for (;;) {
         coll_op_t *op = NULL;

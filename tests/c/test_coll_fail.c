@@ -6,13 +6,16 @@
  * what is queued, and what a waiting caller runs itself.  After a failure
  * the communicator stays broken (later collectives fail fast) while a new
  * communicator works.  A collective posted for a waiter that then does not
- * wait long enough (slime_comm_next_waited) still runs.
+ * wait long enough (slime_comm_next_waited) still runs, and one the
+ * waiter does wait for never wakes the worker, whichever entry point
+ * posted it.
  *
  * The time bounds are liveness bounds (a failure must not wait for an
  * unrelated timeout), not performance claims.
  */
 #include "test_coll_util.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -497,6 +500,77 @@ static void next_waited(h_rank_t *r)
     slime_comm_destroy(comm);
 }
 
+/* Context switches of this process's communicator worker threads
+ * (named slime-coll): how often they were woken. */
+static uint64_t worker_switches(void)
+{
+    uint64_t total = 0;
+    DIR *d = opendir("/proc/self/task");
+    H_CHECK(d != NULL);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[300], line[128];
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        bool worker = f && fgets(line, sizeof line, f) && strncmp(line, "slime-coll", 10) == 0;
+        if (f)
+            fclose(f);
+        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+        if (!worker || !(f = fopen(path, "r")))
+            continue;
+        unsigned long long v;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1 ||
+                sscanf(line, "nonvoluntary_ctxt_switches: %llu", &v) == 1)
+                total += v;
+        fclose(f);
+    }
+    closedir(d);
+    return total;
+}
+
+/* The flat forms (allgather, reduce_scatter, alltoallv) keep the
+ * promise of slime_comm_next_waited as the others do: their posts do not
+ * wake the worker, whose thread then never runs (each once woke it, and
+ * the worker, woken on two cores, took one from the ranks). */
+static void next_waited_flat_forms(h_rank_t *r)
+{
+    enum { ROUNDS = 100 };
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    const int n = r->nranks;
+    int32_t x = 1, all[H_MAX_RANKS], src[H_MAX_RANKS], got[H_MAX_RANKS], one = 0;
+    size_t bytes[H_MAX_RANKS], offs[H_MAX_RANKS];
+    for (int q = 0; q < n; q++) {
+        bytes[q] = sizeof(int32_t);
+        offs[q] = (size_t)q * sizeof(int32_t);
+        src[q] = r->rank * 10 + q;
+    }
+    T_RUN(slime_barrier(comm, &q_)); /* the worker starts at the first post */
+    h_sleep_ms(50);
+    uint64_t before = worker_switches();
+    for (int i = 0; i < ROUNDS; i++) {
+        slime_comm_next_waited(comm);
+        T_RUN(slime_allgather(comm, &x, sizeof x, all, &q_));
+        slime_comm_next_waited(comm);
+        T_RUN(slime_reduce_scatter(comm, src, &one, 1, SLIME_DT_INT32, SLIME_RED_SUM, &q_));
+        slime_comm_next_waited(comm);
+        T_RUN(slime_alltoallv(comm, src, bytes, offs, got, bytes, offs, &q_));
+    }
+    uint64_t woken = worker_switches() - before;
+    h_log("the worker switched %llu times in %d collectives", (unsigned long long)woken, 3 * ROUNDS);
+    H_CHECK(woken < ROUNDS / 4);
+    int32_t sum = 0;
+    for (int q = 0; q < n; q++) {
+        H_CHECK_EQ(all[q], 1);
+        H_CHECK_EQ(got[q], q * 10 + r->rank);
+        sum += q * 10 + r->rank;
+    }
+    H_CHECK_EQ(one, sum);
+    slime_comm_destroy(comm);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -511,6 +585,7 @@ int main(int argc, char **argv)
         {"waiter_runs", waiter_runs, 3, false, 0},
         {"destroy_waiter_running", destroy_waiter_running, 2, false, 0},
         {"next_waited", next_waited, 3, false, 0},
+        {"next_waited_flat_forms", next_waited_flat_forms, 3, false, 0},
     };
     return h_main("test_coll_fail", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
