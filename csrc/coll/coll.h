@@ -202,12 +202,17 @@ struct coll_run {
 void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op);
 /* Post one message of this collective; a handle, or -1 once failed. */
 int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
-/* run_send for a sender that could run ahead of its receiver (a root
- * that only sends): from coll_sync_bytes() on, to a peer that can copy
- * straight from our memory (shm), and while the communicator has no
- * more ranks than we have cores, it completes only
- * once the receiver took the bytes (p2p_send_sync), so that each message
- * is copied once, into its receive, rather than queued and copied twice. */
+/* run_send for a sender that could run ahead of its receiver (a rank
+ * that only sends): every COLL_AHEAD_MAX-th collective it completes only
+ * once the receiver took the bytes (p2p_send_sync), so that such a rank
+ * is never more than that many collectives ahead. */
+#define COLL_AHEAD_MAX 64
+int run_send_bounded(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
+/* run_send_bounded that also, from coll_sync_bytes() on, to a peer that
+ * can copy straight from our memory (shm), and while the communicator has
+ * no more ranks than we have cores, always completes only once the
+ * receiver took the bytes, so that each message is copied once, into its
+ * receive, rather than queued and copied twice. */
 int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
 int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len);
 /* run_recv into a piece of a large buffer that nobody reads before the

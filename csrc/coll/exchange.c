@@ -126,7 +126,23 @@ int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len
     return post(r, XFER_SEND, peer, step, (void *)buf, len);
 }
 
+/* A rank that only sends in a collective (a broadcast's root, a gather's
+ * other ranks, a reduce's leaves) could run any number of collectives
+ * ahead of its receiver, whose unreceived messages count against its
+ * budget for the peer: 2 ranks broadcasting 8 bytes in a loop got the
+ * root disconnected after 16384 of them (DLSLIME_PEER_ITEMS_MAX).  So
+ * every COLL_AHEAD_MAX-th collective such a send completes only once the
+ * receiver took it, which costs one wait in that many. */
+static bool bounds_run_ahead(const coll_run_t *r) {
+    return r->op->seq % COLL_AHEAD_MAX == COLL_AHEAD_MAX - 1;
+}
+
+int run_send_bounded(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
+    return post(r, bounds_run_ahead(r) ? XFER_SEND_SYNC : XFER_SEND, peer, step, (void *)buf, len);
+}
+
 int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
+    if (bounds_run_ahead(r)) return post(r, XFER_SEND_SYNC, peer, step, (void *)buf, len);
     /* Only where the receiver copies the bytes straight from ours (shm):
      * over a socket the bytes are copied twice either way and the
      * rendezvous adds a round trip (2 ranks over tcp, broadcast 256 KiB:

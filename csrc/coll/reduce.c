@@ -22,7 +22,7 @@ static bool binomial(coll_run_t *r, const coll_op_t *op) {
     uint32_t round = 0;
     for (int mask = 1; mask < n; mask <<= 1, round++) {
         if (vr & mask) {
-            int h = run_send(r, mod_rank(vr - mask + op->root, n), round, op->buf, bytes);
+            int h = run_send_bounded(r, mod_rank(vr - mask + op->root, n), round, op->buf, bytes);
             return h >= 0 && run_wait_one(r, h);
         }
         if (vr + mask < n) {

@@ -6,7 +6,8 @@
  * messages still go eagerly and complete without the receiver.  That is
  * over shm, while the communicator has no more ranks than this process
  * has cores; elsewhere the sender always goes eagerly, which the cases
- * check too (over tcp the rendezvous would only add a round trip).
+ * check too (over tcp the rendezvous would only add a round trip).  And
+ * a rank that only sends runs a bounded number of collectives ahead.
  */
 #include "test_coll_util.h"
 
@@ -91,12 +92,59 @@ static void case_broadcast(h_rank_t *r) { each_size(r, BROADCAST); }
 static void case_scatter(h_rank_t *r) { each_size(r, SCATTER); }
 static void case_gather(h_rank_t *r) { each_size(r, GATHER); }
 
+/* Ranks that only send in a small collective (a broadcast's root, a
+ * reduce's leaves) run at most 64 collectives (COLL_AHEAD_MAX) ahead of
+ * ranks that have not come yet, then wait for them: before, a root
+ * broadcasting in a loop ran ahead until its receiver, holding its
+ * messages, disconnected it for being over its budget. */
+static void run_ahead(h_rank_t *r, bool reduce)
+{
+    enum { N = 200 };
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    const int n = r->nranks;
+    const bool sends = reduce ? r->rank != 0 : r->rank == 0;
+    int64_t *x = h_alloc(N * sizeof *x);
+    int ahead = N;
+    if (!sends) /* the others come late */
+        for (int q = 0; q < n; q++)
+            if (q != r->rank && (reduce ? q != 0 : q == 0))
+                (void)h_ctl_recv_u64(r, q);
+    for (int i = 0; i < N; i++) {
+        x[i] = r->rank + 1 + i;
+        slime_req_t *q = NULL;
+        H_CHECK_OK(reduce ? slime_reduce(comm, &x[i], 1, SLIME_DT_INT64, SLIME_RED_SUM, 0, &q)
+                          : slime_broadcast(comm, &x[i], sizeof x[i], 0, &q));
+        if (sends && ahead == N && slime_req_wait(q, 200) == SLIME_ERR_TIMEOUT) {
+            ahead = i;
+            for (int p = 0; p < n; p++)
+                if (p != r->rank && (reduce ? p == 0 : p != 0))
+                    h_ctl_send_u64(r, p, 1);
+        }
+        H_WAIT_FREE(q, SLIME_OK);
+        if (!reduce)
+            H_CHECK_EQ(x[i], 1 + i); /* root 0's */
+        else if (r->rank == 0)
+            H_CHECK_EQ(x[i], (int64_t)n * (n + 1) / 2 + (int64_t)n * i);
+    }
+    if (sends) {
+        h_log("%d collectives ran before the others came", ahead);
+        H_CHECK(ahead >= 1 && ahead <= 64);
+    }
+    free(x);
+    slime_comm_destroy(comm);
+}
+
+static void case_broadcast_ahead(h_rank_t *r) { run_ahead(r, false); }
+static void case_reduce_ahead(h_rank_t *r) { run_ahead(r, true); }
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
         {"broadcast", case_broadcast, 2, false, 0},
         {"scatter", case_scatter, 2, false, 0},
         {"gather", case_gather, 2, false, 0},
+        {"broadcast_ahead", case_broadcast_ahead, 3, false, 0},
+        {"reduce_ahead", case_reduce_ahead, 3, false, 0},
     };
     return h_main("test_coll_sync", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
