@@ -1,11 +1,13 @@
 /*
- * mpi_bench - MPI's send/recv and allreduce, timed exactly as p2p_bench
- * times libdlslime's, so bench/p2p_bench.py can put MPI beside the core.
+ * mpi_bench - MPI's send/recv and collectives, timed exactly as
+ * p2p_bench times libdlslime's, so bench/p2p_bench.py can put MPI beside
+ * the core.
  *
  *   mpirun -np 2 [MCA options] mpi_bench --transport LABEL [--ops LIST] --sizes LIST
  *           [--time S] [--min-iters N] [--max-iters N] [--deadline S]
  *
- *   --ops        comma list of sendrecv,allreduce (default both)
+ *   --ops        comma list of sendrecv,allreduce,broadcast,allgather,
+ *                reduce_scatter (default the first two)
  *   --transport  only a label for the rows: which BTL runs is mpirun's
  *                MCA options (p2p_bench.py passes vader or tcp)
  *
@@ -13,6 +15,10 @@
  *   row,mpi,<transport>,<op>,<bytes>,<iters>,<avg_us>,<p50_us>,<p99_us>,<gbps>
  *   sendrecv   one-way time: half of a ping-pong round trip (rank 1 echoes)
  *   allreduce  one MPI_Allreduce (float32 SUM, in place) as rank 0 sees it
+ *   broadcast  one MPI_Bcast from rank 0, as rank 0 sees it
+ *   allgather  one MPI_Allgather, in place, `bytes` the whole output
+ *   reduce_scatter  one MPI_Reduce_scatter_block (float32 SUM), `bytes`
+ *              the whole input, each rank's result a half
  * Every (op, size) is followed by one untimed iteration whose values are
  * checked on both ranks, so a wrong result cannot post a number.
  *
@@ -31,7 +37,12 @@
 #define MAX_SIZES 64
 #define TAG 7
 
-enum { OP_SENDRECV = 1, OP_ALLREDUCE = 2 };
+enum { OP_SENDRECV = 1, OP_ALLREDUCE = 2, OP_BROADCAST = 4, OP_ALLGATHER = 8, OP_REDUCE_SCATTER = 16 };
+static const struct { unsigned op; const char *name; } OPS[] = {
+    {OP_SENDRECV, "sendrecv"},   {OP_ALLREDUCE, "allreduce"},
+    {OP_BROADCAST, "broadcast"}, {OP_ALLGATHER, "allgather"},
+    {OP_REDUCE_SCATTER, "reduce_scatter"}};
+#define N_OPS (sizeof OPS / sizeof OPS[0])
 
 struct options {
     const char *transport;
@@ -79,11 +90,18 @@ static float value(size_t i, int rank)
     return (float)(i % 1021) + 4096.0f * (float)rank;
 }
 
-static void one(unsigned op, float *buf, size_t bytes)
+/* One op on buf (bytes); reduce_scatter's result goes to out. */
+static void one(unsigned op, float *buf, float *out, size_t bytes)
 {
-    int n = (int)(op == OP_SENDRECV ? bytes : bytes / sizeof(float));
+    int n = (int)(op == OP_SENDRECV || op == OP_BROADCAST ? bytes : bytes / sizeof(float));
     if (op == OP_ALLREDUCE) {
         MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else if (op == OP_BROADCAST) {
+        MPI_Bcast(buf, n, MPI_BYTE, 0, MPI_COMM_WORLD);
+    } else if (op == OP_ALLGATHER) {
+        MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, n / 2, MPI_FLOAT, MPI_COMM_WORLD);
+    } else if (op == OP_REDUCE_SCATTER) {
+        MPI_Reduce_scatter_block(buf, out, n / 2, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     } else if (g_rank == 0) {
         MPI_Send(buf, n, MPI_BYTE, 1, TAG, MPI_COMM_WORLD);
         MPI_Recv(buf, n, MPI_BYTE, 1, TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
@@ -95,13 +113,13 @@ static void one(unsigned op, float *buf, size_t bytes)
 
 /* Runs iters iterations (the count is rank 0's, sent to rank 1); rank 0
  * keeps one time (us) each. */
-static size_t batch(unsigned op, float *buf, size_t bytes, size_t iters, double *us)
+static size_t batch(unsigned op, float *buf, float *out, size_t bytes, size_t iters, double *us)
 {
     unsigned long long n = iters;
     MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
     for (size_t i = 0; i < n; i++) {
         double t0 = now_us();
-        one(op, buf, bytes);
+        one(op, buf, out, bytes);
         us[i] = now_us() - t0;
     }
     return (size_t)n;
@@ -112,38 +130,58 @@ static size_t clamp(double v, size_t lo, size_t hi)
     return !(v > (double)lo) ? lo : v > (double)hi ? hi : (size_t)v;
 }
 
+/* Element i of a checked run's result at this rank: rank 0's values
+ * (sendrecv, broadcast), each rank's own half (allgather), or sums. */
+static float expected(unsigned op, size_t i, size_t n)
+{
+    if (op == OP_SENDRECV || op == OP_BROADCAST)
+        return value(i, 0);
+    if (op == OP_ALLGATHER)
+        return value(i, i < n / 2 ? 0 : 1);
+    if (op == OP_REDUCE_SCATTER)
+        i += (size_t)g_rank * n / 2;
+    return value(i, 0) + value(i, 1);
+}
+
 /* One untimed iteration on fresh values, checked on both ranks. */
-static void verify(unsigned op, float *buf, size_t bytes)
+static void verify(unsigned op, const char *name, float *buf, float *out, size_t bytes)
 {
     size_t n = bytes / sizeof(float);
     int ok = 1, all_ok;
     for (size_t i = 0; i < n; i++)
-        buf[i] = op == OP_SENDRECV && g_rank ? -1.0f : value(i, g_rank);
-    one(op, buf, bytes);
-    for (size_t i = 0; i < n && ok; i++)
-        ok = buf[i] == (op == OP_SENDRECV ? value(i, 0) : value(i, 0) + value(i, 1));
+        buf[i] = (op == OP_SENDRECV || op == OP_BROADCAST) && g_rank ? -1.0f
+               : op == OP_ALLGATHER ? (i < n / 2) == (g_rank == 0) ? value(i, g_rank) : -1.0f
+                                    : value(i, g_rank);
+    one(op, buf, out, bytes);
+    const float *got = op == OP_REDUCE_SCATTER ? out : buf;
+    size_t m = op == OP_REDUCE_SCATTER ? n / 2 : n;
+    for (size_t i = 0; i < m && ok; i++)
+        ok = got[i] == expected(op, i, n);
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!all_ok)
-        fail(op == OP_SENDRECV ? "sendrecv: wrong bytes" : "allreduce: wrong sums");
+    if (!all_ok) {
+        char text[80];
+        snprintf(text, sizeof text, "%s: wrong result", name);
+        fail(text);
+    }
 }
 
 static void measure(const struct options *o, unsigned op, const char *name, size_t bytes,
-                    float *buf, double *us)
+                    float *buf, float *out, double *us)
 {
     size_t iters, warm;
     double cost, sum = 0;
 
     memset(buf, 0, bytes);
-    batch(op, buf, bytes, 2, us);
+    batch(op, buf, out, bytes, 2, us);
     cost = us[0] < us[1] ? us[0] : us[1];
-    warm = batch(op, buf, bytes, clamp(0.1 * o->target_s * 1e6 / cost, 0, 2000), us);
+    warm = batch(op, buf, out, bytes, clamp(0.1 * o->target_s * 1e6 / cost, 0, 2000), us);
     if (warm) {
         qsort(us, warm, sizeof *us, cmp_double);
         cost = us[warm / 2];
     }
-    iters = batch(op, buf, bytes, clamp(o->target_s * 1e6 / cost, o->min_iters, o->max_iters),
+    iters = batch(op, buf, out, bytes, clamp(o->target_s * 1e6 / cost, o->min_iters, o->max_iters),
                   us);
-    verify(op, buf, bytes);
+    verify(op, name, buf, out, bytes);
     if (g_rank)
         return;
     for (size_t i = 0; i < iters; i++)
@@ -159,7 +197,7 @@ static _Noreturn void usage(const char *why)
 {
     if (g_rank == 0)
         fprintf(stderr, "mpi_bench: %s\nusage: mpirun -np 2 mpi_bench --transport LABEL "
-                        "[--ops sendrecv,allreduce] --sizes LIST [--time S] [--min-iters N] "
+                        "[--ops sendrecv,allreduce,broadcast,allgather,reduce_scatter] --sizes LIST [--time S] [--min-iters N] "
                         "[--max-iters N] [--deadline S]\n", why);
     MPI_Finalize();
     exit(2);
@@ -173,8 +211,12 @@ static void parse_list(const char *list, struct options *o, int sizes)
     strcpy(buf, list);
     for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (!sizes) {
-            o->ops |= !strcmp(t, "sendrecv") ? OP_SENDRECV
-                    : !strcmp(t, "allreduce") ? OP_ALLREDUCE : (usage("--ops: sendrecv,allreduce"), 0);
+            size_t k = 0;
+            while (k < N_OPS && strcmp(t, OPS[k].name))
+                k++;
+            if (k == N_OPS)
+                usage("--ops: sendrecv,allreduce,broadcast,allgather,reduce_scatter");
+            o->ops |= OPS[k].op;
             continue;
         }
         char *end;
@@ -226,8 +268,6 @@ int main(int argc, char **argv)
 {
     struct options o;
     int world;
-    static const struct { unsigned op; const char *name; } OPS[] = {
-        {OP_SENDRECV, "sendrecv"}, {OP_ALLREDUCE, "allreduce"}};
 
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -239,21 +279,26 @@ int main(int argc, char **argv)
     alarm(o.deadline_s);
     /* whole floats for the checks; touched, so no page fault is timed */
     float *buf = calloc((o.max_size + 3) / 4, sizeof(float));
+    float *out = calloc((o.max_size + 7) / 8, sizeof(float));
     double *us = malloc(sizeof(double) * (o.max_iters > 2000 ? o.max_iters : 2000));
-    if (!buf || !us)
+    if (!buf || !out || !us)
         fail("out of memory");
-    for (size_t k = 0; k < 2; k++) {
+    for (size_t k = 0; k < N_OPS; k++) {
         if (!(o.ops & OPS[k].op))
             continue;
         for (size_t s = 0; s < o.nsizes; s++) {
-            if (OPS[k].op == OP_ALLREDUCE && o.sizes[s] % sizeof(float))
-                continue; /* not whole float32s: as in p2p_bench */
+            /* whole float32s, whole halves of them: as in p2p_bench */
+            size_t unit = OPS[k].op & (OP_ALLGATHER | OP_REDUCE_SCATTER) ? 2 * sizeof(float)
+                        : OPS[k].op == OP_ALLREDUCE ? sizeof(float) : 1;
+            if (o.sizes[s] % unit)
+                continue;
             if (g_rank == 0)
                 fprintf(stderr, "mpi_bench: mpi %s %s %zu B\n", o.transport, OPS[k].name,
                         o.sizes[s]);
-            measure(&o, OPS[k].op, OPS[k].name, o.sizes[s], buf, us);
+            measure(&o, OPS[k].op, OPS[k].name, o.sizes[s], buf, out, us);
         }
     }
+    free(out);
     free(buf);
     free(us);
     MPI_Finalize();

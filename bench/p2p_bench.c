@@ -6,7 +6,8 @@
  *   p2p_bench socket [--ops LIST] --sizes LIST   plain blocking TCP, loopback
  *   p2p_bench memcpy --sizes LIST                single-thread memcpy
  *
- *   --ops       comma list of sendrecv,read,write (default: all three)
+ *   --ops       comma list of sendrecv,read,write,allreduce,broadcast,
+ *               allgather,reduce_scatter (default: the first three)
  *   --sizes     comma list of byte counts
  *   --time S    target seconds of timed iterations per size (default 0.2)
  *   --min-iters N, --max-iters N   bounds on the timed iterations
@@ -28,6 +29,10 @@
  *   allreduce one slime_allreduce (float32 SUM, in place) of a 2-rank
  *             communicator, as the initiator sees it (slime only; the
  *             socket has no such op; bench/mpi_bench.c measures MPI's).
+ *   broadcast, allgather, reduce_scatter: the same for those collectives
+ *             (broadcast from the initiator; allgather in place, `bytes`
+ *             the whole output; reduce_scatter float32 SUM, `bytes` the
+ *             whole input, each rank's result a half).
  *   memcpy    one memcpy; gbps comes from the best of a few runs.
  *   gbps      bytes / avg time, in 10^9 bytes per second.
  * Every (op, size) is followed by one untimed iteration whose bytes are
@@ -67,13 +72,19 @@
 #define MEMCPY_MAX_RUNS 200
 
 enum bench_kind { BENCH_SLIME, BENCH_SOCKET, BENCH_MEMCPY };
-enum op_bit { OP_SENDRECV = 1u, OP_READ = 2u, OP_WRITE = 4u, OP_ALLREDUCE = 8u };
+enum op_bit {
+    OP_SENDRECV = 1u, OP_READ = 2u, OP_WRITE = 4u, OP_ALLREDUCE = 8u,
+    OP_BROADCAST = 16u, OP_ALLGATHER = 32u, OP_REDUCE_SCATTER = 64u,
+};
+/* the collectives of the pair's communicator */
+#define OPS_COLL (OP_ALLREDUCE | OP_BROADCAST | OP_ALLGATHER | OP_REDUCE_SCATTER)
 
 static const struct {
     unsigned bit;
     const char *name;
 } OP_NAMES[] = {{OP_SENDRECV, "sendrecv"}, {OP_READ, "read"}, {OP_WRITE, "write"},
-                {OP_ALLREDUCE, "allreduce"}};
+                {OP_ALLREDUCE, "allreduce"}, {OP_BROADCAST, "broadcast"},
+                {OP_ALLGATHER, "allgather"}, {OP_REDUCE_SCATTER, "reduce_scatter"}};
 #define N_OPS (sizeof OP_NAMES / sizeof OP_NAMES[0])
 
 struct options {
@@ -207,12 +218,13 @@ static void float_fill(unsigned char *buf, size_t bytes, int rank)
     }
 }
 
-/* Index of the first wrong sum, or bytes / 4 when all are right. */
-static size_t float_check_sum(const unsigned char *buf, size_t bytes)
+/* Index of the first wrong sum, or bytes / 4 when all are right; buf
+ * holds the sums of elements first, first + 1, ... */
+static size_t float_check_sum(const unsigned char *buf, size_t bytes, size_t first)
 {
     size_t n = bytes / sizeof(float);
     for (size_t i = 0; i < n; i++) {
-        float v, want = float_value(i, 0) + float_value(i, 1);
+        float v, want = float_value(first + i, 0) + float_value(first + i, 1);
         memcpy(&v, buf + i * sizeof v, sizeof v);
         if (v != want)
             return i;
@@ -313,14 +325,14 @@ enum ctl_kind {
     CMD_FILL,           /* fill [0, bytes) of the target buffer from seed */
     CMD_ZERO,           /* zero [0, bytes) of the target buffer */
     CMD_CHECK,          /* check [0, bytes) of the target buffer against seed */
-    CMD_ALLREDUCE,      /* iters x allreduce of the target buffer (zeros) */
-    CMD_ALLREDUCE_CHECK,/* one allreduce of the target's floats; check the sums */
+    CMD_COLL,           /* iters x the collective `op` on the target buffer */
+    CMD_COLL_CHECK,     /* one of it on fresh data; check what the target got */
     CMD_DONE,
 };
 
 struct ctl_cmd {
     uint32_t kind;
-    uint32_t pad;
+    uint32_t op;        /* CMD_COLL*: which collective (an op_bit) */
     uint64_t bytes, iters, seed;
 };
 
@@ -329,10 +341,16 @@ struct ctl_reply {
     char detail[252];
 };
 
+static void ctl_post_op(int ctl, uint32_t kind, uint32_t op, size_t bytes, size_t iters,
+                        uint64_t seed)
+{
+    struct ctl_cmd c = {kind, op, bytes, iters, seed};
+    write_or_fail(ctl, &c, sizeof c, "control channel");
+}
+
 static void ctl_post(int ctl, uint32_t kind, size_t bytes, size_t iters, uint64_t seed)
 {
-    struct ctl_cmd c = {kind, 0, bytes, iters, seed};
-    write_or_fail(ctl, &c, sizeof c, "control channel");
+    ctl_post_op(ctl, kind, 0, bytes, iters, seed);
 }
 
 static void ctl_reply(int ctl, const char *what)
@@ -410,23 +428,77 @@ struct target {
     size_t cap;
     slime_ep_t *ep; /* slime: data moves through this endpoint */
     int fd;         /* socket reference: data moves through this socket */
-    slime_comm_t *comm; /* slime allreduce: the pair as ranks 0 (initiator) and 1 */
+    slime_comm_t *comm; /* collectives: the pair as ranks 0 (initiator) and 1 */
+    unsigned char *out; /* reduce_scatter's result */
 };
 
-/* One in-place float32 SUM allreduce of bytes (whole floats) over comm. */
-static void comm_allreduce(slime_comm_t *comm, void *buf, size_t bytes)
+static const char *op_name(unsigned op)
+{
+    for (size_t k = 0; k < N_OPS; k++)
+        if (OP_NAMES[k].bit == op)
+            return OP_NAMES[k].name;
+    return "?";
+}
+
+/* One collective op of the pair's communicator as `rank` runs it on buf
+ * (bytes: all of it; allgather's and reduce_scatter's blocks are its
+ * halves, reduce_scatter's result goes to out), waited for at once, as
+ * torch's synchronous ops are. */
+static void comm_coll(slime_comm_t *comm, unsigned op, int rank, unsigned char *buf,
+                      unsigned char *out, size_t bytes)
 {
     slime_req_t *req = NULL;
-    slime_comm_next_waited(comm); /* waited at once, as torch's synchronous ops */
-    slime_status_t st = slime_allreduce(comm, buf, bytes / sizeof(float), SLIME_DT_FLOAT32,
-                                        SLIME_RED_SUM, &req);
+    size_t half = bytes / 2;
+    slime_status_t st;
+    slime_comm_next_waited(comm);
+    if (op == OP_ALLREDUCE)
+        st = slime_allreduce(comm, buf, bytes / sizeof(float), SLIME_DT_FLOAT32, SLIME_RED_SUM, &req);
+    else if (op == OP_BROADCAST)
+        st = slime_broadcast(comm, buf, bytes, 0, &req);
+    else if (op == OP_ALLGATHER)
+        st = slime_allgather(comm, buf + (size_t)rank * half, half, buf, &req);
+    else
+        st = slime_reduce_scatter(comm, buf, out, half / sizeof(float), SLIME_DT_FLOAT32,
+                                  SLIME_RED_SUM, &req);
     if (st != SLIME_OK)
-        fail("slime_allreduce: %s (%s)", slime_status_name(st), slime_last_error());
+        fail("slime %s: %s (%s)", op_name(op), slime_status_name(st), slime_last_error());
     st = slime_req_wait(req, WAIT_MS);
     if (st != SLIME_OK)
-        fail("slime_allreduce of %zu bytes: %s (%s)", bytes, slime_status_name(st),
+        fail("slime %s of %zu bytes: %s (%s)", op_name(op), bytes, slime_status_name(st),
              slime_req_error(req));
     slime_req_free(req);
+}
+
+/* Fresh data for one checked collective of bytes at rank (seed: the
+ * bytes' pattern), and the offset of the first wrong byte or element
+ * after it, or SIZE_MAX when all are right. */
+static void coll_fill(unsigned op, int rank, unsigned char *buf, size_t bytes, uint64_t seed)
+{
+    size_t half = bytes / 2;
+    if (op == OP_ALLREDUCE || op == OP_REDUCE_SCATTER)
+        float_fill(buf, bytes, rank);
+    else if (op == OP_BROADCAST && rank == 0)
+        pattern_fill(buf, bytes, seed);
+    else if (op == OP_BROADCAST)
+        memset(buf, 0, bytes);
+    else
+        pattern_fill(buf + (size_t)rank * half, half, seed + (uint64_t)rank);
+}
+
+static size_t coll_first_wrong(unsigned op, int rank, const unsigned char *buf,
+                                const unsigned char *out, size_t bytes, uint64_t seed)
+{
+    size_t half = bytes / 2, n = half / sizeof(float), bad;
+    if (op == OP_ALLREDUCE)
+        return (bad = float_check_sum(buf, bytes, 0)) == bytes / sizeof(float) ? SIZE_MAX : bad;
+    if (op == OP_REDUCE_SCATTER)
+        return (bad = float_check_sum(out, half, (size_t)rank * n)) == n ? SIZE_MAX : bad;
+    if (op == OP_BROADCAST)
+        return (bad = pattern_check(buf, bytes, seed)) == bytes ? SIZE_MAX : bad;
+    for (int r = 0; r < 2; r++)
+        if ((bad = pattern_check(buf + (size_t)r * half, half, seed + (uint64_t)r)) != half)
+            return (size_t)r * half + bad;
+    return SIZE_MAX;
 }
 
 static void target_recv(struct target *t, void *dst, size_t bytes)
@@ -480,16 +552,17 @@ static void check_into_reply(const struct target *t, size_t bytes, uint64_t seed
     }
 }
 
-static void target_allreduce_check(struct target *t, size_t bytes, struct ctl_reply *r)
+static void target_coll_check(struct target *t, unsigned op, size_t bytes, uint64_t seed,
+                              struct ctl_reply *r)
 {
-    size_t bad;
-    float_fill(t->buf, bytes, 1);
-    comm_allreduce(t->comm, t->buf, bytes);
-    bad = float_check_sum(t->buf, bytes);
-    if (bad != bytes / sizeof(float)) {
+    coll_fill(op, 1, t->buf, bytes, seed);
+    comm_coll(t->comm, op, 1, t->buf, t->out, bytes);
+    size_t bad = coll_first_wrong(op, 1, t->buf, t->out, bytes, seed);
+    if (bad != SIZE_MAX) {
         r->ok = 0;
-        snprintf(r->detail, sizeof r->detail,
-                 "wrong sum at element %zu of a %zu-byte allreduce", bad, bytes);
+        snprintf(r->detail, sizeof r->detail, "wrong result at %s %zu of a %zu-byte %s",
+                 op == OP_ALLREDUCE || op == OP_REDUCE_SCATTER ? "element" : "byte", bad, bytes,
+                 op_name(op));
     }
 }
 
@@ -541,12 +614,12 @@ static void target_serve(struct target *t)
         case CMD_CHECK:
             check_into_reply(t, c.bytes, c.seed, &r);
             break;
-        case CMD_ALLREDUCE:
+        case CMD_COLL:
             for (uint64_t i = 0; i < c.iters; i++)
-                comm_allreduce(t->comm, t->buf, c.bytes);
+                comm_coll(t->comm, c.op, 1, t->buf, t->out, c.bytes);
             break;
-        case CMD_ALLREDUCE_CHECK:
-            target_allreduce_check(t, c.bytes, &r);
+        case CMD_COLL_CHECK:
+            target_coll_check(t, c.op, c.bytes, c.seed, &r);
             break;
         case CMD_DONE:
             write_or_fail(t->ctl, &r, sizeof r, "control channel");
@@ -612,9 +685,25 @@ static void slime_sendrecv_once(struct initiator *in, size_t bytes)
     slime_req_free(rreq);
 }
 
+/* the collectives: buf sbuf, reduce_scatter's result rbuf */
 static void slime_allreduce_once(struct initiator *in, size_t bytes)
 {
-    comm_allreduce(in->comm, in->sbuf, bytes);
+    comm_coll(in->comm, OP_ALLREDUCE, 0, in->sbuf, in->rbuf, bytes);
+}
+
+static void slime_broadcast_once(struct initiator *in, size_t bytes)
+{
+    comm_coll(in->comm, OP_BROADCAST, 0, in->sbuf, in->rbuf, bytes);
+}
+
+static void slime_allgather_once(struct initiator *in, size_t bytes)
+{
+    comm_coll(in->comm, OP_ALLGATHER, 0, in->sbuf, in->rbuf, bytes);
+}
+
+static void slime_reduce_scatter_once(struct initiator *in, size_t bytes)
+{
+    comm_coll(in->comm, OP_REDUCE_SCATTER, 0, in->sbuf, in->rbuf, bytes);
 }
 
 static void slime_read_once(struct initiator *in, size_t bytes)
@@ -657,12 +746,15 @@ static struct op_plan plan_for(enum bench_kind bench, unsigned op)
 {
     struct op_plan p = {op, NULL, 0, op == OP_SENDRECV};
     if (bench == BENCH_SLIME) {
-        p.once = op == OP_SENDRECV ? slime_sendrecv_once
-               : op == OP_READ     ? slime_read_once
-               : op == OP_WRITE    ? slime_write_once
-                                   : slime_allreduce_once;
-        p.peer_cmd = op == OP_SENDRECV ? CMD_PINGPONG : op == OP_ALLREDUCE ? CMD_ALLREDUCE : 0;
-    } else if (op != OP_ALLREDUCE) {
+        p.once = op == OP_SENDRECV  ? slime_sendrecv_once
+               : op == OP_READ      ? slime_read_once
+               : op == OP_WRITE     ? slime_write_once
+               : op == OP_ALLREDUCE ? slime_allreduce_once
+               : op == OP_BROADCAST ? slime_broadcast_once
+               : op == OP_ALLGATHER ? slime_allgather_once
+                                    : slime_reduce_scatter_once;
+        p.peer_cmd = op == OP_SENDRECV ? CMD_PINGPONG : op & OPS_COLL ? CMD_COLL : 0;
+    } else if (!(op & OPS_COLL)) {
         p.once = op == OP_SENDRECV ? sock_sendrecv_once
                : op == OP_READ     ? sock_read_once
                                    : sock_write_once;
@@ -680,7 +772,7 @@ static void run_batch(struct initiator *in, const struct op_plan *p, size_t byte
     if (iters == 0)
         return;
     if (p->peer_cmd)
-        ctl_post(in->ctl, p->peer_cmd, bytes, iters, 0);
+        ctl_post_op(in->ctl, p->peer_cmd, p->op, bytes, iters, 0);
     for (size_t i = 0; i < iters; i++) {
         uint64_t t0 = now_ns();
         p->once(in, bytes);
@@ -716,15 +808,17 @@ static void verify_once(struct initiator *in, const struct op_plan *p, size_t by
         run_batch(in, p, bytes, 1, &ignored);
         expect_pattern(in->rbuf, bytes, seed, "read: bytes read");
         break;
-    case OP_ALLREDUCE: {
-        size_t bad;
-        float_fill(in->sbuf, bytes, 0);
-        ctl_post(in->ctl, CMD_ALLREDUCE_CHECK, bytes, 1, seed);
+    case OP_ALLREDUCE:
+    case OP_BROADCAST:
+    case OP_ALLGATHER:
+    case OP_REDUCE_SCATTER: {
+        coll_fill(p->op, 0, in->sbuf, bytes, seed);
+        ctl_post_op(in->ctl, CMD_COLL_CHECK, p->op, bytes, 1, seed);
         p->once(in, bytes);
-        ctl_reply(in->ctl, "allreduce: the target's sums");
-        bad = float_check_sum(in->sbuf, bytes);
-        if (bad != bytes / sizeof(float))
-            fail("allreduce: wrong sum at element %zu of a %zu-byte allreduce", bad, bytes);
+        ctl_reply(in->ctl, "collective: what the target got");
+        size_t bad = coll_first_wrong(p->op, 0, in->sbuf, in->rbuf, bytes, seed);
+        if (bad != SIZE_MAX)
+            fail("%s: wrong result at %zu of a %zu-byte run", op_name(p->op), bad, bytes);
         break;
     }
     default:
@@ -746,7 +840,7 @@ static void measure(struct initiator *in, const struct options *o, const char *b
 
     if (p->op == OP_READ)
         ctl_call(in->ctl, CMD_FILL, bytes, 0, seed, "read: filling the target");
-    else if (p->op == OP_ALLREDUCE)
+    else if (p->op & OPS_COLL)
         memset(in->sbuf, 0, bytes); /* zeros on both sides: sums stay 0, never denormal */
     else
         pattern_fill(in->sbuf, bytes, seed);
@@ -783,11 +877,14 @@ static void initiator_run(struct initiator *in, const struct options *o,
             continue;
         p = plan_for(o->bench, OP_NAMES[k].bit);
         if (!p.once)
-            continue; /* the socket has no allreduce */
+            continue; /* the socket has no collectives */
         for (size_t si = 0; si < o->nsizes; si++) {
-            if (p.op == OP_ALLREDUCE && o->sizes[si] % sizeof(float)) {
-                fprintf(stderr, "p2p_bench: allreduce %zu B: not whole float32s, skipped\n",
-                        o->sizes[si]);
+            /* whole float32s; allgather's and reduce_scatter's halves too */
+            size_t unit = p.op & (OP_ALLGATHER | OP_REDUCE_SCATTER) ? 2 * sizeof(float)
+                        : p.op & (OP_ALLREDUCE) ? sizeof(float) : 1;
+            if (o->sizes[si] % unit) {
+                fprintf(stderr, "p2p_bench: %s %zu B: not whole float32s, skipped\n",
+                        OP_NAMES[k].name, o->sizes[si]);
                 continue;
             }
             fprintf(stderr, "p2p_bench: %s %s %s %zu B\n", bench, transport,
@@ -803,14 +900,14 @@ static void initiator_run(struct initiator *in, const struct options *o,
 /* Pair setup: slime                                                   */
 /* ------------------------------------------------------------------ */
 
-/* The pair's communicator (only when allreduce is measured: otherwise no
- * worker thread shares the machine with the other ops). */
+/* The pair's communicator (only when a collective is measured: otherwise
+ * no worker thread shares the machine with the other ops). */
 static slime_comm_t *pair_comm(const struct options *o, slime_ctx_t *ctx, slime_ep_t *ep,
                                int rank)
 {
     slime_ep_t *peers[2] = {rank ? ep : NULL, rank ? NULL : ep};
     slime_comm_t *comm = NULL;
-    if (o->ops & OP_ALLREDUCE)
+    if (o->ops & OPS_COLL)
         post_check(slime_comm_create(ctx, 1, 1, rank, 2, peers, WAIT_MS, &comm),
                    "slime_comm_create");
     return comm;
@@ -841,7 +938,9 @@ static void expect_transport(slime_ep_t *ep, const char *want)
 static void slime_target(const struct options *o, int ctl, const unsigned char *token,
                          size_t token_len)
 {
-    struct target t = {ctl, NULL, o->max_size, NULL, -1, NULL};
+    struct target t = {ctl, NULL, o->max_size, NULL, -1, NULL, NULL};
+    if (o->ops & OP_REDUCE_SCATTER)
+        t.out = buf_alloc(o->max_size / 2 + 1);
     if (o->shared_target)
         post_check(slime_mem_alloc(o->max_size, (void **)&t.buf), "slime_mem_alloc");
     else
@@ -875,6 +974,7 @@ static void slime_target(const struct options *o, int ctl, const unsigned char *
         post_check(slime_mem_free(t.buf), "slime_mem_free");
     else
         free(t.buf);
+    free(t.out);
 }
 
 static void slime_initiator(const struct options *o, int ctl, const unsigned char *token,
@@ -930,7 +1030,7 @@ static void set_nodelay(int fd)
 
 static void socket_target(const struct options *o, int ctl)
 {
-    struct target t = {ctl, buf_alloc(o->max_size), o->max_size, NULL, -1, NULL};
+    struct target t = {ctl, buf_alloc(o->max_size), o->max_size, NULL, -1, NULL, NULL};
     struct sockaddr_in sa;
     socklen_t sa_len = sizeof sa;
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -1062,7 +1162,8 @@ static _Noreturn void usage(const char *why)
     fprintf(stderr,
             "p2p_bench: %s\n"
             "usage: p2p_bench slime --transport shm|tcp|verbs [--ops LIST] --sizes LIST [opts]\n"
-            "       (--ops: sendrecv,read,write,allreduce; default the first three)\n"
+            "       (--ops: sendrecv,read,write,allreduce,broadcast,allgather,reduce_scatter;\n"
+            "       default the first three)\n"
             "       p2p_bench socket [--ops LIST] --sizes LIST [opts]\n"
             "       p2p_bench memcpy --sizes LIST [opts]\n"
             "opts:  --time S  --min-iters N  --max-iters N  --deadline S\n"
@@ -1093,7 +1194,7 @@ static unsigned parse_ops(const char *list)
             if (strlen(OP_NAMES[k].name) == len && !strncmp(p, OP_NAMES[k].name, len))
                 break;
         if (k == N_OPS)
-            usage("--ops takes sendrecv,read,write,allreduce");
+            usage("--ops takes sendrecv,read,write,allreduce,broadcast,allgather,reduce_scatter");
         ops |= OP_NAMES[k].bit;
         p += len;
         if (*p == ',')

@@ -5,7 +5,7 @@ physical references and Open MPI, measured in the same run.
 For every (transport, op, size) it reports the time of one operation as the
 user sees it and the bandwidth that implies, then the same figure for
 single-thread memcpy, for a plain blocking TCP socket over loopback and for
-Open MPI (send/recv and allreduce, bench/mpi_bench.c under mpirun, where
+Open MPI (send/recv and the collectives, bench/mpi_bench.c under mpirun, where
 Open MPI is installed), and our figure as a ratio of each.  The measuring
 is done by the C programs bench/p2p_bench.c and bench/mpi_bench.c (see
 their headers for what each time means); this script builds them if
@@ -30,9 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 import mpi_launch  # noqa: E402
 
-OPS = ("sendrecv", "read", "write", "allreduce")
-SOCKET_OPS = ("sendrecv", "read", "write")  # the socket has no allreduce
-MPI_OPS = ("sendrecv", "allreduce")
+COLL_OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+OPS = ("sendrecv", "read", "write", *COLL_OPS)
+SOCKET_OPS = ("sendrecv", "read", "write")  # the socket has no collectives
+MPI_OPS = ("sendrecv", *COLL_OPS)
 TRANSPORTS = ("shm", "tcp")
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 QUICK_SIZES = (8, 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB)
@@ -339,7 +340,7 @@ def main(argv=None) -> int:
     # from tests/verbs/run_in_vm.sh, are no performance claim)
     ap.add_argument("--transport", choices=(*TRANSPORTS, "verbs", "all"), default="all")
     ap.add_argument("--ops", default=",".join(OPS),
-                    help="comma list of sendrecv,read,write,allreduce (default: all)")
+                    help=f"comma list of {','.join(OPS)} (default: all)")
     ap.add_argument("--max-size", type=parse_size, default=256 * MiB,
                     help="largest size, e.g. 64MiB (default 256MiB; --quick stops at 64MiB)")
     ap.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
@@ -390,8 +391,9 @@ def main(argv=None) -> int:
     print()
     print_table(table)
     print("\none-way times: sendrecv = half a ping-pong round trip; read/write = one "
-          "operation posted and completed by the initiator; allreduce = one float32 SUM "
-          "allreduce of 2 ranks.\nmpi = Open MPI (ob1; vader on shm, tcp on loopback; "
+          "operation posted and completed by the initiator; the collectives = one call of 2 "
+          "ranks as the initiator sees it (float32 SUM; broadcast from the initiator; the size "
+          "is allgather's output and reduce_scatter's input).\nmpi = Open MPI (ob1; vader on shm, tcp on loopback; "
           f"--bind-to {args.mpi_bind}), taking turns with libdlslime ({args.rounds} rounds); "
           "vs_mpi = MPI's avg time / ours (above 1: faster than MPI).\nGB/s = 10^9 bytes/s from avg_us; "
           "memcpy GB/s is single-thread, best of a few runs before and after; socket = plain blocking TCP on "
