@@ -27,6 +27,7 @@
 #include <mpi.h>
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,15 +144,23 @@ static float expected(unsigned op, size_t i, size_t n)
     return value(i, 0) + value(i, 1);
 }
 
+/* Element i of this rank's fresh data for a checked run: its own values,
+ * where a receiver's are -1 (sendrecv, broadcast) and, in allgather,
+ * outside its own half. */
+static float input(unsigned op, size_t i, size_t n)
+{
+    bool receives = (op == OP_SENDRECV || op == OP_BROADCAST) && g_rank;
+    bool others = op == OP_ALLGATHER && (i < n / 2) != (g_rank == 0);
+    return receives || others ? -1.0f : value(i, g_rank);
+}
+
 /* One untimed iteration on fresh values, checked on both ranks. */
 static void verify(unsigned op, const char *name, float *buf, float *out, size_t bytes)
 {
     size_t n = bytes / sizeof(float);
     int ok = 1, all_ok;
     for (size_t i = 0; i < n; i++)
-        buf[i] = (op == OP_SENDRECV || op == OP_BROADCAST) && g_rank ? -1.0f
-               : op == OP_ALLGATHER ? (i < n / 2) == (g_rank == 0) ? value(i, g_rank) : -1.0f
-                                    : value(i, g_rank);
+        buf[i] = input(op, i, n);
     one(op, buf, out, bytes);
     const float *got = op == OP_REDUCE_SCATTER ? out : buf;
     size_t m = op == OP_REDUCE_SCATTER ? n / 2 : n;

@@ -881,7 +881,7 @@ static void initiator_run(struct initiator *in, const struct options *o,
         for (size_t si = 0; si < o->nsizes; si++) {
             /* whole float32s; allgather's and reduce_scatter's halves too */
             size_t unit = p.op & (OP_ALLGATHER | OP_REDUCE_SCATTER) ? 2 * sizeof(float)
-                        : p.op & (OP_ALLREDUCE) ? sizeof(float) : 1;
+                        : p.op == OP_ALLREDUCE ? sizeof(float) : 1;
             if (o->sizes[si] % unit) {
                 fprintf(stderr, "p2p_bench: %s %zu B: not whole float32s, skipped\n",
                         OP_NAMES[k].name, o->sizes[si]);

@@ -142,16 +142,15 @@ int run_send_bounded(coll_run_t *r, int peer, uint32_t step, const void *buf, si
 }
 
 int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
-    if (bounds_run_ahead(r)) return post(r, XFER_SEND_SYNC, peer, step, (void *)buf, len);
-    /* Only where the receiver copies the bytes straight from ours (shm):
-     * over a socket the bytes are copied twice either way and the
+    /* Besides the bound on running ahead: only where the receiver copies
+     * the bytes straight from ours (shm): over a socket the bytes are copied twice either way and the
      * rendezvous adds a round trip (2 ranks over tcp, broadcast 256 KiB:
      * 67-76 us eager, 111-113 us so).  And only with no more ranks than
      * cores: past that a receiver is often off its core, and the sender
      * waits a time slice for it (4 ranks on 2 cores, broadcast 64 KiB:
      * 23-29 us eager, 113-170 us so). */
-    bool sync = len >= coll_sync_bytes() && r->comm->size <= coll_cpus() &&
-                p2p_ep_can(r->comm->peers[peer], P2P_CAP_CPU_RMA);
+    bool sync = bounds_run_ahead(r) || (len >= coll_sync_bytes() && r->comm->size <= coll_cpus() &&
+                                        p2p_ep_can(r->comm->peers[peer], P2P_CAP_CPU_RMA));
     return post(r, sync ? XFER_SEND_SYNC : XFER_SEND, peer, step, (void *)buf, len);
 }
 

@@ -14,8 +14,6 @@
 #include "coll/coll.h"
 #include "coll/reduce_kernels.h"
 
-static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
-
 static bool overlaps(const void *a, const void *b, size_t len) {
     const uint8_t *x = a, *y = b;
     return len && x < y + len && y < x + len;
@@ -28,7 +26,7 @@ bool pairbox_allreduce(coll_run_t *r, const coll_op_t *op) {
     uint8_t *buf = op->buf;
     r->phase = "shared box";
     for (size_t done = 0; done < op->count; done += piece) {
-        size_t n = min_size(op->count - done, piece), bytes = n * es;
+        size_t n = min_sz(op->count - done, piece), bytes = n * es;
         uint8_t *at = buf + done * es;
         uint64_t seq = ++c->box_seq;
         if (!pairbox_put(r, seq, at, bytes, op->count * es)) return false;
@@ -59,7 +57,7 @@ bool pairbox_broadcast(coll_run_t *r, const coll_op_t *op) {
     uint8_t *buf = op->buf;
     r->phase = "shared box";
     for (size_t done = 0; done < op->bytes; done += cap) {
-        size_t len = min_size(op->bytes - done, cap);
+        size_t len = min_sz(op->bytes - done, cap);
         uint64_t seq = ++c->box_seq;
         if (root) {
             if (!pairbox_put(r, seq, buf + done, len, op->bytes)) return false;
@@ -84,7 +82,7 @@ bool pairbox_allgather(coll_run_t *r, const coll_op_t *op) {
     if ((const uint8_t *)op->src != mine) memmove(mine, op->src, op->bytes);
     r->phase = "shared box";
     for (size_t done = 0; done < op->bytes; done += cap) {
-        size_t len = min_size(op->bytes - done, cap);
+        size_t len = min_sz(op->bytes - done, cap);
         uint64_t seq = ++c->box_seq;
         if (!pairbox_put(r, seq, mine + done, len, op->bytes)) return false;
         const uint8_t *in = pairbox_get(r, seq, op->bytes);
@@ -113,7 +111,7 @@ bool pairbox_reduce_scatter(coll_run_t *r, const coll_op_t *op) {
     }
     r->phase = "shared box";
     for (size_t done = 0; done < op->count; done += piece) {
-        size_t n = min_size(op->count - done, piece), at = done * es;
+        size_t n = min_sz(op->count - done, piece), at = done * es;
         uint64_t seq = ++c->box_seq;
         if (!pairbox_put(r, seq, theirs + at, n * es, total)) return false;
         const uint8_t *in = pairbox_get(r, seq, total);

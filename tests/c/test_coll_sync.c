@@ -97,17 +97,22 @@ static void case_gather(h_rank_t *r) { each_size(r, GATHER); }
  * ranks that have not come yet, then wait for them: before, a root
  * broadcasting in a loop ran ahead until its receiver, holding its
  * messages, disconnected it for being over its budget. */
+static bool only_sends(int rank, bool reduce)
+{
+    return reduce ? rank != 0 : rank == 0; /* root 0 */
+}
+
 static void run_ahead(h_rank_t *r, bool reduce)
 {
     enum { N = 200 };
     slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
     const int n = r->nranks;
-    const bool sends = reduce ? r->rank != 0 : r->rank == 0;
+    const bool sends = only_sends(r->rank, reduce);
     int64_t *x = h_alloc(N * sizeof *x);
     int ahead = N;
     if (!sends) /* the others come late */
         for (int q = 0; q < n; q++)
-            if (q != r->rank && (reduce ? q != 0 : q == 0))
+            if (q != r->rank && only_sends(q, reduce))
                 (void)h_ctl_recv_u64(r, q);
     for (int i = 0; i < N; i++) {
         x[i] = r->rank + 1 + i;
@@ -117,7 +122,7 @@ static void run_ahead(h_rank_t *r, bool reduce)
         if (sends && ahead == N && slime_req_wait(q, 200) == SLIME_ERR_TIMEOUT) {
             ahead = i;
             for (int p = 0; p < n; p++)
-                if (p != r->rank && (reduce ? p == 0 : p != 0))
+                if (p != r->rank && !only_sends(p, reduce))
                     h_ctl_send_u64(r, p, 1);
         }
         H_WAIT_FREE(q, SLIME_OK);
