@@ -54,10 +54,11 @@ static void test_until_done(slime_req_t *req)
 /* A ping-pong whose ranks only post and test, with 20 us of their own
  * work in between: each finds its message already there or takes it in
  * a test.  Before a test counted as looking, every send rang (the peer's
- * grace came only from spinning waits).  Some still ring, rightly, when
+ * grace came only from spinning waits), so one send that did not ring
+ * proves the skip.  How many still ring, rightly, depends on how often
  * the peer was scheduled out for longer than the grace: about 2% on an
- * idle 2-core machine, a quarter with another test beside (ctest -j 2
- * under ASan), hence the bound of a half. */
+ * idle 2-core machine, up to three quarters with another test beside
+ * (ctest -j 2 under ASan), so the check asks for the proof, not a rate. */
 static void send_tested(h_rank_t *r, uint64_t *word)
 {
     slime_req_t *sreq = NULL;
@@ -85,7 +86,7 @@ static void case_tested_peer_gets_no_doorbells(h_rank_t *r)
     uint64_t rang = doorbells(r) - before;
     h_log("%llu doorbells for %d messages sent", (unsigned long long)rang, ROUNDS);
     if (over_shm())
-        H_CHECK(rang <= ROUNDS / 2);
+        H_CHECK(rang < ROUNDS);
     else
         H_CHECK_EQ(rang, 0);
     h_barrier(r);
