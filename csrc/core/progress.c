@@ -97,30 +97,35 @@ static bool busy_locked(slime_ctx_t *ctx) {
  * peer: it is only rewritten when half the grace is gone.  A progress
  * thread in a long sleep must switch to naps, since only its nap covers
  * the grace (seq_cst store then load: see progress_thread_main). */
-void ctx_extend_grace(slime_ctx_t *ctx) {
-    uint64_t t = now_ns();
+static void extend_grace_at(slime_ctx_t *ctx, uint64_t t) {
     if (t + GRACE_NS / 2 <= atomic_load_explicit(&ctx->mr_table->grace_until, memory_order_relaxed)) return;
     atomic_store(&ctx->mr_table->grace_until, t + GRACE_NS);
     ctx_rouse_long_sleeper(ctx);
 }
 
+void ctx_extend_grace(slime_ctx_t *ctx) { extend_grace_at(ctx, now_ns()); }
+
 void ctx_rouse_long_sleeper(slime_ctx_t *ctx) {
     if (atomic_load(&ctx->pt_long_sleep)) ctx_kick(ctx);
 }
 
-/* A waiter starts polling.  A progress thread in a long sleep must
- * switch to naps: once this waiter leaves, peers skip doorbells for a
- * grace period, and only the progress thread's nap covers it. */
+/* A waiter starts polling.  Peers skip doorbells while it does: not
+ * by the shared `polling` count, which each peer's send reads (a count
+ * written at every wait's start and end cost a cache miss on both ends
+ * of each small message), but by the grace, which the waiter keeps
+ * extended as it spins (rewritten once per half grace).  A progress
+ * thread in a long sleep must switch to naps: once this waiter leaves,
+ * peers skip doorbells for the rest of the grace, and only the progress
+ * thread's nap covers it. */
 static void waiter_enter(slime_ctx_t *ctx) {
-    atomic_fetch_add(&ctx->mr_table->polling, 1);
     atomic_fetch_add(&ctx->spinners, 1);
+    ctx_extend_grace(ctx);
     ctx_rouse_long_sleeper(ctx);
 }
 
 static void waiter_leave(slime_ctx_t *ctx) {
     ctx_extend_grace(ctx);
     atomic_fetch_sub(&ctx->spinners, 1);
-    atomic_fetch_sub(&ctx->mr_table->polling, 1);
 }
 
 void ctx_post_work(slime_ctx_t *ctx) {
@@ -186,6 +191,7 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         /* one clock read a turn: it costs as much as a pause (~50 ns) */
         uint64_t t = now_ns();
         if (did) last = t;
+        extend_grace_at(ctx, t);
         if (t >= deadline || atomic_load(&ctx->closed)) { timed_out = true; break; }
         if (t - last > P2P_WAIT_SPIN_NS) break;
         /* past a short spin, let whoever else wants this core run: on an

@@ -67,6 +67,10 @@ typedef struct shm_conn {
     ring_t *tx, *rx;
     uint8_t *txd, *rxd;
     uint64_t size, chunk;
+    /* the tx ring's head as last read: the reader moves it with every
+     * message, so a fresh read is a cache miss on each send's path; a
+     * stale one only understates the room, and is read again then */
+    uint64_t tx_head_seen;
     mr_shared_t *peer;                        /* the peer's MR table */
     int peer_pid;
     bool cma;

@@ -35,13 +35,17 @@ static void ring_copy_in(shm_conn_t *c, uint64_t pos, const uint8_t *src, size_t
 ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
     shm_conn_t *c = ep->conn;
     uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_relaxed);
-    uint64_t head = atomic_load_explicit(&c->tx->head, memory_order_acquire);
+    uint64_t head = c->tx_head_seen;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         const uint8_t *p = iov[i].iov_base;
         size_t left = iov[i].iov_len;
         while (left) {
             size_t room = (size_t)(c->size - (tail - head));
+            if (room < min_sz(left, (size_t)c->chunk)) {
+                head = atomic_load_explicit(&c->tx->head, memory_order_acquire);
+                room = (size_t)(c->size - (tail - head));
+            }
             if (room == 0) {
                 /* ask for a doorbell, then look again: the reader may
                  * have freed room before it could see the request */
@@ -61,6 +65,7 @@ ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
         }
     }
 done:
+    c->tx_head_seen = head;
     if (total) {
         atomic_thread_fence(memory_order_seq_cst);
         if (peer_needs_doorbell(c)) doorbell(ep);
