@@ -187,7 +187,7 @@ typedef struct xfer {
     size_t expect;                  /* receives: the bytes it must get */
 } xfer_t;
 
-struct coll_run {
+struct coll_run { /* run_init sets every field */
     slime_comm_t *comm;
     const coll_op_t *op;
     uint64_t deadline_ns;

@@ -14,9 +14,13 @@
 #define RELEASE_GRACE_MS 500
 
 void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op) {
-    memset(r, 0, sizeof *r);
+    /* field by field: a memset would clear the kilobyte of detail too,
+     * for every small collective */
     r->comm = comm;
     r->op = op;
+    r->x = NULL;
+    r->nx = r->cap = 0;
+    r->detail[0] = 0;
     r->timeout_ms = atomic_load(&comm->timeout_ms);
     uint64_t t = now_ns();
     /* a timeout of centuries means "no deadline", not an overflow */

@@ -30,8 +30,9 @@ slime_req_t *p2p_req_worker_new(slime_ctx_t *ctx, p2p_run_here_fn run_here, void
 
 void p2p_req_worker_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
     slime_ctx_t *ctx = req->ctx;
-    char text[512] = "";
-    if (fmt) {
+    char text[512];
+    text[0] = 0; /* not `= ""`, which clears all 512 bytes on every success */
+    if (fmt && st != SLIME_OK) {
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(text, sizeof text, fmt, ap);
