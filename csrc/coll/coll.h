@@ -62,6 +62,9 @@ struct slime_comm {
     bool running;                   /* a collective runs (worker or waiter) */
     bool worker_watching;           /* the worker sleeps until a queued one is due */
     pthread_t worker;
+    /* a finished collective's op, kept for the next post (one malloc and
+     * free fewer per collective) */
+    struct coll_op *spare_op;
     slime_status_t broken;          /* SLIME_OK until a collective fails */
     char broken_text[512];
     /* destroy has begun: the running collective gives up at once */

@@ -102,6 +102,7 @@ void slime_comm_destroy(slime_comm_t *comm) {
     if (!comm) return;
     coll_live_remove(comm); /* no waiter may start a collective of it now */
     coll_worker_stop(comm);
+    free(comm->spare_op);
     abort_channel_close(comm);
     pairbox_close(comm);
     comm_drop_stale(comm->ctx, comm->id, comm->epoch, true);

@@ -52,6 +52,14 @@ static void op_free(coll_op_t *op) {
     free(op);
 }
 
+/* Under comm->mu: op is done with; the next post may take it. */
+static void op_retire(slime_comm_t *comm, coll_op_t *op) {
+    free(op->v);
+    free(op->ptrs);
+    if (comm->spare_op) free(op);
+    else comm->spare_op = op;
+}
+
 /* Marks the communicator broken (first failure wins) and tells the
  * other members. */
 static void comm_break(slime_comm_t *comm, slime_status_t st, const char *text) {
@@ -67,13 +75,15 @@ static void comm_break(slime_comm_t *comm, slime_status_t st, const char *text) 
     if (first && st != SLIME_ERR_CLOSED) abort_broadcast(comm, st, text);
 }
 
-static void run_one(slime_comm_t *comm, coll_op_t *op) {
-    slime_status_t st;
+/* broken: the communicator's state when op was taken (under comm->mu) */
+static void run_one(slime_comm_t *comm, coll_op_t *op, slime_status_t broken) {
+    slime_status_t st = broken;
     char text[600];
-    pthread_mutex_lock(&comm->mu);
-    st = comm->broken;
-    if (st != SLIME_OK) snprintf(text, sizeof text, "%s", comm->broken_text);
-    pthread_mutex_unlock(&comm->mu);
+    if (st != SLIME_OK) {
+        pthread_mutex_lock(&comm->mu); /* broken_text is written once, before broken is */
+        snprintf(text, sizeof text, "%s", comm->broken_text);
+        pthread_mutex_unlock(&comm->mu);
+    }
     if (st == SLIME_OK && (st = abort_received(comm, text, sizeof text)) != SLIME_OK)
         comm_break(comm, st, text);
     if (st != SLIME_OK) {
@@ -104,10 +114,10 @@ static coll_op_t *take_next(slime_comm_t *comm) {
 }
 
 /* Runs a taken collective; the next one may start after it. */
-static void run_taken(slime_comm_t *comm, coll_op_t *op) {
-    run_one(comm, op);
-    op_free(op);
+static void run_taken(slime_comm_t *comm, coll_op_t *op, slime_status_t broken) {
+    run_one(comm, op, broken);
     pthread_mutex_lock(&comm->mu);
+    op_retire(comm, op);
     comm->running = false;
     /* the worker may take the next one now (destroy polls `running`):
      * with nothing queued, a wake-up would only cost it a turn */
@@ -154,8 +164,9 @@ static void *worker_main(void *arg) {
         coll_op_t *op = NULL;
         while (!comm->stopping && !(op = worker_take(comm))) continue;
         if (!op) break; /* stopping: destroy fails what is left */
+        slime_status_t broken = comm->broken;
         pthread_mutex_unlock(&comm->mu);
-        run_taken(comm, op);
+        run_taken(comm, op, broken);
         pthread_mutex_lock(&comm->mu);
     }
     pthread_mutex_unlock(&comm->mu);
@@ -241,32 +252,34 @@ static bool run_here(slime_req_t *req, void *key, uint64_t deadline_ns) {
         list_first(&comm->queue, coll_op_t, link)->req == req)
         op = take_next(comm);
     if (!op) hand_over(comm, req);
+    slime_status_t broken = comm->broken;
     pthread_mutex_unlock(&comm->mu);
     if (!op) return false;
-    run_taken(comm, op);
+    run_taken(comm, op, broken);
     return true;
 }
 
 slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t **out) {
-    coll_op_t *op = malloc(sizeof *op);
+    pthread_mutex_lock(&comm->mu);
+    coll_op_t *op = comm->spare_op ? comm->spare_op : malloc(sizeof *op);
     slime_req_t *req = op ? p2p_req_worker_new(comm->ctx, run_here, comm) : NULL;
     if (!req) {
-        free(op);
+        if (op != comm->spare_op) free(op);
+        pthread_mutex_unlock(&comm->mu);
         free(tmpl->v);
         free(tmpl->ptrs);
         return slime_errorf(SLIME_ERR_NOMEM, "%s: out of memory", tmpl->name);
     }
+    comm->spare_op = NULL;
     *op = *tmpl;
     op->req = req;
     op->lazy = post_waited;
     post_waited = false;
     list_init(&op->link);
-
     /* a lazy post's poster waits on it at once: the worker, should it
      * see it first, counts the grace from then (worker_take), and the
      * post saves a clock read */
     op->posted_ns = op->lazy ? 0 : now_ns();
-    pthread_mutex_lock(&comm->mu);
     op->seq = comm->next_seq++;
     if (comm->broken != SLIME_OK) {
         /* nothing will run again: fail it here, the order is moot */
