@@ -139,8 +139,6 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
                                   bool sync, slime_req_t **out) {
     if (out) *out = NULL;
     if (!out) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL request pointer", op_name(op->kind));
-    /* whoever posts will test or wait soon: its peers need not ring us */
-    ctx_extend_grace(ctx);
     pthread_mutex_lock(&ctx->lock);
     wire_desc_t d = {0}; /* recv_any checks nothing into it; -O3 sees that */
     slime_status_t st = ep ? op_check(ctx, op, &d) : SLIME_OK;
@@ -160,6 +158,10 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
         op_post(ctx, op, &d, req);
     }
     pthread_mutex_unlock(&ctx->lock);
+    /* whoever posts will test or wait soon: its peers need not ring us.
+     * Said after the post, so that a send's clock read comes after its
+     * message is on its way */
+    ctx_extend_grace(ctx);
     *out = req;
     return st;
 }

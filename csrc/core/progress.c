@@ -117,14 +117,18 @@ void ctx_rouse_long_sleeper(slime_ctx_t *ctx) {
  * thread in a long sleep must switch to naps: once this waiter leaves,
  * peers skip doorbells for the rest of the grace, and only the progress
  * thread's nap covers it. */
-static void waiter_enter(slime_ctx_t *ctx) {
+static uint64_t waiter_enter(slime_ctx_t *ctx) {
     atomic_fetch_add(&ctx->spinners, 1);
-    ctx_extend_grace(ctx);
+    uint64_t t = now_ns();
+    extend_grace_at(ctx, t);
     ctx_rouse_long_sleeper(ctx);
+    return t;
 }
 
-static void waiter_leave(slime_ctx_t *ctx) {
-    ctx_extend_grace(ctx);
+/* t: when the waiter last looked (its last turn's clock read: a fresh
+ * one would cost the time between a message's arrival and the reply) */
+static void waiter_leave(slime_ctx_t *ctx, uint64_t t) {
+    extend_grace_at(ctx, t);
     atomic_fetch_sub(&ctx->spinners, 1);
 }
 
@@ -178,8 +182,7 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t 
 }
 
 static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline) {
-    waiter_enter(ctx);
-    uint64_t last = now_ns();
+    uint64_t t = waiter_enter(ctx), last = t;
     bool ok = false, timed_out = false;
     for (;;) {
         if (done(arg)) { ok = true; break; }
@@ -188,8 +191,8 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         pthread_mutex_lock(&ctx->lock);
         int did = progress_locked(ctx);
         pthread_mutex_unlock(&ctx->lock);
-        /* one clock read a turn: it costs as much as a pause (~50 ns) */
-        uint64_t t = now_ns();
+        /* one clock read a turn: it costs as much as a pause (~25 ns) */
+        t = now_ns();
         if (did) last = t;
         extend_grace_at(ctx, t);
         if (t >= deadline || atomic_load(&ctx->closed)) { timed_out = true; break; }
@@ -202,7 +205,7 @@ static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64
         if (t - last > P2P_WAIT_YIELD_NS) sched_yield();
         else cpu_relax();
     }
-    waiter_leave(ctx);
+    waiter_leave(ctx, t);
     if (ok || timed_out) return ok || done(arg);
     /* we stop spinning but keep waiting: the progress thread takes over */
     if (atomic_load(&ctx->spinners) == 0) ctx_kick(ctx);
