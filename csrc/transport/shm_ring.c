@@ -34,7 +34,7 @@ static void ring_copy_in(shm_conn_t *c, uint64_t pos, const uint8_t *src, size_t
 
 ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
     shm_conn_t *c = ep->conn;
-    uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_relaxed), published = tail;
     uint64_t head = c->tx_head_seen;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -47,6 +47,8 @@ ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
                 room = (size_t)(c->size - (tail - head));
             }
             if (room == 0) {
+                atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
+                published = tail;
                 /* ask for a doorbell, then look again: the reader may
                  * have freed room before it could see the request */
                 atomic_store_explicit(&c->tx->want_space, 1, memory_order_seq_cst);
@@ -60,11 +62,17 @@ ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
             p += k;
             left -= k;
             total += k;
-            /* publish each chunk so the reader copies out while we copy in */
-            atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
+            /* publish each chunk so the reader copies out while we copy
+             * in; a frame's small pieces (header, payload) go at once, so
+             * the reader never finds a header without its payload */
+            if (tail - published >= c->chunk) {
+                atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
+                published = tail;
+            }
         }
     }
 done:
+    if (tail != published) atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
     c->tx_head_seen = head;
     if (total) {
         atomic_thread_fence(memory_order_seq_cst);
