@@ -91,6 +91,14 @@ int frames_flush(slime_ep_t *ep) {
     return moved > 0;
 }
 
+int frames_send_now(slime_ep_t *ep, const frame_t *hdr, const void *payload, size_t *sent) {
+    struct iovec iov[2] = {{(void *)hdr, sizeof *hdr}, {(void *)payload, hdr->len}};
+    ssize_t w = ep->tp->writev(ep, iov, hdr->len ? 2 : 1);
+    if (w < 0) return -1;
+    *sent = (size_t)w;
+    return *sent == sizeof *hdr + hdr->len;
+}
+
 static void rx_reset(rx_ctx_t *rx) {
     rx->state = RX_HDR;
     rx->hdr_got = 0;

@@ -333,6 +333,11 @@ bool ep_has_cap(const slime_ep_t *ep, unsigned caps);
 void frames_queue(slime_ep_t *ep, txn_t *t);
 txn_t *txn_new(uint8_t type, size_t textlen);
 int frames_flush(slime_ep_t *ep);   /* >0 if it moved bytes */
+/* A frame written at once, with no queue entry, by a caller whose
+ * endpoint has nothing queued (ep->txq empty): 1 when the transport took
+ * it whole; 0 when not (*sent: the bytes that went, which the caller
+ * queues the rest after); -1 when the endpoint failed. */
+int frames_send_now(slime_ep_t *ep, const frame_t *hdr, const void *payload, size_t *sent);
 int frames_rx(slime_ep_t *ep);      /* >0 if it moved bytes */
 /* proto.c */
 void proto_on_header(slime_ep_t *ep);
