@@ -200,16 +200,15 @@ void coll_live_remove(slime_comm_t *comm) {
     pthread_mutex_unlock(&live_mu);
 }
 
-/* How far a waiter's deadline may fall short of the collective's own
- * timeout and the waiter still run it (it cannot stop earlier): a
- * sixteenth of the timeout, at most a second.  Waiters pass the very
- * timeout the collective has (torch's Work, p2p_bench), measured a
- * moment before it is checked here and rounded down to milliseconds;
- * without the grace none of them ever ran a collective itself and every
- * small one paid two thread hand-offs. */
-static uint64_t run_here_grace_ns(int64_t timeout_ms) {
-    uint64_t grace_ms = (uint64_t)timeout_ms / 16;
-    return (grace_ms < 1000 ? grace_ms : 1000) * 1000000ull;
+/* How far a waiter's timeout may fall short of the collective's own
+ * and the waiter still run it (it cannot stop earlier): a sixteenth of
+ * the timeout, at most a second.  Waiters pass about the very timeout
+ * the collective has (torch's Work, p2p_bench), but may have spent a
+ * little of it already; without the grace none of them ever ran a
+ * collective itself and every small one paid two thread hand-offs. */
+static int64_t run_here_grace_ms(int64_t timeout_ms) {
+    int64_t grace_ms = timeout_ms / 16;
+    return grace_ms < 1000 ? grace_ms : 1000;
 }
 
 /* Under comm->mu: req's collective, if still queued without the worker
@@ -229,11 +228,11 @@ static void hand_over(slime_comm_t *comm, const slime_req_t *req) {
 
 /* run_here of a collective's request: if its collective is next in line
  * and nothing runs, run it in this thread.  Only when the wait would
- * last about the collective's own timeout (run_here_grace_ns), since
+ * last about the collective's own timeout (run_here_grace_ms), since
  * running it cannot stop at an earlier deadline.  The live list (a
  * communicator found there is locked before the list is let go) keeps a
  * destroyed communicator from being touched: destroy removes it first. */
-static bool run_here(slime_req_t *req, void *key, uint64_t deadline_ns) {
+static bool run_here(slime_req_t *req, void *key, int64_t wait_ms) {
     pthread_mutex_lock(&live_mu);
     slime_comm_t *comm = NULL;
     for (size_t i = 0; i < n_live && !comm; i++)
@@ -247,7 +246,7 @@ static bool run_here(slime_req_t *req, void *key, uint64_t deadline_ns) {
     coll_op_t *op = NULL;
     int64_t t = atomic_load(&comm->timeout_ms);
     t = t > 0 ? t : 0;
-    bool long_enough = deadline_ns && deadline_ns + run_here_grace_ns(t) >= now_ns() + (uint64_t)t * 1000000ull;
+    bool long_enough = wait_ms != P2P_NO_WAITER && wait_ms >= t - run_here_grace_ms(t);
     if (long_enough && !comm->stopping && !list_empty(&comm->queue) &&
         list_first(&comm->queue, coll_op_t, link)->req == req)
         op = take_next(comm);

@@ -78,12 +78,14 @@ void p2p_wake_waiters(slime_ctx_t *ctx);
 /* Requests that a thread of the library completes (a collective's):
  * whoever waits on one sleeps instead of spinning, since polling would
  * not help it.  run_here (may be NULL) is called by a waiter first, with
- * arg: it may do the work right there, in the waiting thread, and then
- * returns true (the request is complete); false: the waiter sleeps, and
- * the work must then be under way elsewhere.  Deadline 0: nobody will
- * wait (the request is being freed, or a callback takes its completion);
- * it must not run the work but see that it runs. */
-typedef bool (*p2p_run_here_fn)(slime_req_t *req, void *arg, uint64_t deadline_ns);
+ * arg and the wait's timeout: it may do the work right there, in the
+ * waiting thread, and then returns true (the request is complete); false:
+ * the waiter sleeps, and the work must then be under way elsewhere.
+ * Timeout P2P_NO_WAITER: nobody will wait (the request is being freed, or
+ * a callback takes its completion); it must not run the work but see
+ * that it runs. */
+#define P2P_NO_WAITER (-1)
+typedef bool (*p2p_run_here_fn)(slime_req_t *req, void *arg, int64_t wait_ms);
 slime_req_t *p2p_req_worker_new(slime_ctx_t *ctx, p2p_run_here_fn run_here, void *arg);
 /* Completes a worker request; fmt may be NULL on success. */
 void p2p_req_worker_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...)

@@ -106,17 +106,19 @@ void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
 static bool pred_done(void *arg) { return req_done(arg); }
 
 /* Nobody will wait on req: if a worker thread owes it work not started,
- * that work must not wait for a waiter (p2p_run_here_fn, deadline 0). */
+ * that work must not wait for a waiter (p2p_run_here_fn, P2P_NO_WAITER). */
 static void worker_hand_over(slime_req_t *req) {
-    if (req->kind == REQ_WORKER && req->run_here && !req_done(req)) req->run_here(req, req->run_here_arg, 0);
+    if (req->kind == REQ_WORKER && req->run_here && !req_done(req))
+        req->run_here(req, req->run_here_arg, P2P_NO_WAITER);
 }
 
-static bool wait_req(slime_req_t *req, uint64_t deadline) {
-    if (req->kind != REQ_WORKER) return ctx_wait_until(req->ctx, pred_done, req, deadline);
+static bool wait_req(slime_req_t *req, int64_t timeout_ms) {
+    if (req->kind != REQ_WORKER) return ctx_wait_until(req->ctx, pred_done, req, deadline_after_ms(timeout_ms));
     /* work not yet started is done here: no hand-off to another thread
-     * and back (collectives, coll/worker.c) */
-    if (req->run_here && req->run_here(req, req->run_here_arg, deadline)) return true;
-    return ctx_sleep_until(req->ctx, pred_done, req, deadline);
+     * and back (collectives, coll/worker.c), and no clock read for a
+     * deadline that only a sleep needs */
+    if (req->run_here && req->run_here(req, req->run_here_arg, timeout_ms)) return true;
+    return ctx_sleep_until(req->ctx, pred_done, req, deadline_after_ms(timeout_ms));
 }
 
 static slime_status_t final_status(slime_req_t *req) {
@@ -142,7 +144,7 @@ slime_status_t slime_req_test(slime_req_t *req) {
 slime_status_t slime_req_wait(slime_req_t *req, int64_t timeout_ms) {
     if (!req) return slime_errorf(SLIME_ERR_INVAL, "req_wait: NULL request");
     if (timeout_ms < 0) return slime_errorf(SLIME_ERR_INVAL, "req_wait: negative timeout");
-    if (!req_done(req) && !wait_req(req, deadline_after_ms(timeout_ms)))
+    if (!req_done(req) && !wait_req(req, timeout_ms))
         return slime_errorf(SLIME_ERR_TIMEOUT, "request still pending after %lld ms", (long long)timeout_ms);
     return final_status(req);
 }
