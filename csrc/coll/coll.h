@@ -193,7 +193,7 @@ typedef struct xfer {
 struct coll_run { /* run_init sets every field */
     slime_comm_t *comm;
     const coll_op_t *op;
-    uint64_t deadline_ns;
+    uint64_t deadline_ns;           /* 0 until run_deadline sets it */
     int64_t timeout_ms;
     const char *phase;              /* the algorithm's current part */
     xfer_t *x;
@@ -203,6 +203,9 @@ struct coll_run { /* run_init sets every field */
 };
 
 void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op);
+/* When the collective times out: its timeout after its first wait (now,
+ * at the first call), so that one that never waits reads no clock. */
+uint64_t run_deadline(coll_run_t *r, uint64_t now);
 /* Post one message of this collective; a handle, or -1 once failed. */
 int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
 /* run_send for a sender that could run ahead of its receiver (a rank

@@ -22,13 +22,18 @@ void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op) {
     r->nx = r->cap = 0;
     r->detail[0] = 0;
     r->timeout_ms = atomic_load(&comm->timeout_ms);
-    uint64_t t = now_ns();
-    /* a timeout of centuries means "no deadline", not an overflow */
-    r->deadline_ns = (uint64_t)r->timeout_ms >= (UINT64_MAX - t) / 1000000ull
-                         ? UINT64_MAX
-                         : t + (uint64_t)r->timeout_ms * 1000000ull;
+    r->deadline_ns = 0; /* run_deadline */
     r->phase = op->name;
     r->status = SLIME_OK;
+}
+
+uint64_t run_deadline(coll_run_t *r, uint64_t now) {
+    if (r->deadline_ns) return r->deadline_ns;
+    /* a timeout of centuries means "no deadline", not an overflow */
+    r->deadline_ns = (uint64_t)r->timeout_ms >= (UINT64_MAX - now) / 1000000ull
+                         ? UINT64_MAX
+                         : now + (uint64_t)r->timeout_ms * 1000000ull;
+    return r->deadline_ns;
 }
 
 static bool vfail(coll_run_t *r, slime_status_t st, const char *fmt, va_list ap) {
@@ -248,7 +253,7 @@ bool run_wait(coll_run_t *r, const int *h, size_t n) {
         if (h[i] < 0 || (size_t)h[i] >= r->nx || !r->x[h[i]].req)
             return run_fail(r, SLIME_ERR_PROTOCOL, "%s: waiting on a message never posted", r->phase);
     wait_arg_t a = {r, h, n, 0};
-    if (!wait_pred(&a)) p2p_wait_until(r->comm->ctx, wait_pred, &a, r->deadline_ns);
+    if (!wait_pred(&a)) p2p_wait_until(r->comm->ctx, wait_pred, &a, run_deadline(r, now_ns()));
     if (!check_failures(r, h, n)) return false;
     for (size_t i = 0; i < n; i++) {
         xfer_t *x = &r->x[h[i]];

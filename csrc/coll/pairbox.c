@@ -97,7 +97,7 @@ static bool still_waiting(coll_run_t *r, uint64_t now, const char *what) {
     if (st != SLIME_OK)
         return run_fail(r, st, "%s: %s rank %d: %s", r->phase, what, peer,
                         p2p_ep_down_reason(c->peers[peer]));
-    if (now >= r->deadline_ns)
+    if (now >= run_deadline(r, now))
         return run_fail(r, SLIME_ERR_TIMEOUT, "%s: %s rank %d: timed out after %lld ms "
                         "(the collective's timeout)", r->phase, what, peer, (long long)r->timeout_ms);
     return true;

@@ -441,7 +441,8 @@ SLIME_API slime_status_t slime_req_on_complete(slime_req_t *req,
  * outlast its own timeout by up to a sixteenth of the communicator's
  * (at most a second).  A lost member fails the pending and later
  * collectives with SLIME_ERR_PEER_LOST; a collective that is not complete
- * within the communicator's timeout fails with SLIME_ERR_TIMEOUT.
+ * within the communicator's timeout, counted from its first wait for a
+ * peer, fails with SLIME_ERR_TIMEOUT.
  * Buffers must not overlap unless an operation says it works in place.
  *
  * A failed collective breaks the communicator, as in NCCL or Gloo: its
