@@ -123,8 +123,11 @@ typedef struct mr_entry {
 
 typedef struct mr_shared {
     uint64_t magic;
-    /* threads of this context polling its rings right now; a peer that
-     * writes to a ring rings the doorbell only when this is 0 */
+    /* 1 while this context's progress thread polls its rings; a peer
+     * that writes to a ring rings the doorbell only when this is 0 (a
+     * thread spinning in a wait keeps grace_until ahead instead: this
+     * line is read by each of the peer's sends, and a count written at
+     * every wait's start and end cost both sides a cache miss) */
     _Atomic int32_t polling;
     uint32_t pad;
     /* ...nor until this time (CLOCK_MONOTONIC ns): a thread that just
