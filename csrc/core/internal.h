@@ -504,8 +504,10 @@ bool ctx_wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg,
 /* The same without spinning: for what only another thread completes. */
 bool ctx_sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg,
                      uint64_t deadline_ns);
-void ctx_wake_sleepers(slime_ctx_t *ctx);
-void ctx_wake_worker_sleepers(slime_ctx_t *ctx);
+/* Wakes the threads asleep in ctx_wait_until, and with worker_sleepers
+ * those in ctx_sleep_until too (a worker request completed). */
+void ctx_wake(slime_ctx_t *ctx, bool worker_sleepers);
+void ctx_wake_sleepers(slime_ctx_t *ctx); /* ctx_wake(ctx, false) */
 void ctx_kick(slime_ctx_t *ctx);
 /* A thread of ours just posted or looked for its work and will look
  * again soon: peers may skip doorbells a while (mr_shared_t.grace_until). */

@@ -144,21 +144,19 @@ void ctx_kick(slime_ctx_t *ctx) {
     (void)r; /* a full counter wakes the thread just the same */
 }
 
-void ctx_wake_sleepers(slime_ctx_t *ctx) {
+void ctx_wake(slime_ctx_t *ctx, bool worker_sleepers) {
+    /* one fence for both kinds of sleeper: each completion pays it */
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load(&ctx->sleepers) == 0) return;
+    bool plain = atomic_load(&ctx->sleepers) != 0;
+    bool workers = worker_sleepers && atomic_load(&ctx->worker_sleepers) != 0;
+    if (!plain && !workers) return;
     pthread_mutex_lock(&ctx->sleep_mtx);
-    pthread_cond_broadcast(&ctx->sleep_cond);
+    if (plain) pthread_cond_broadcast(&ctx->sleep_cond);
+    if (workers) pthread_cond_broadcast(&ctx->worker_cond);
     pthread_mutex_unlock(&ctx->sleep_mtx);
 }
 
-void ctx_wake_worker_sleepers(slime_ctx_t *ctx) {
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load(&ctx->worker_sleepers) == 0) return;
-    pthread_mutex_lock(&ctx->sleep_mtx);
-    pthread_cond_broadcast(&ctx->worker_cond);
-    pthread_mutex_unlock(&ctx->sleep_mtx);
-}
+void ctx_wake_sleepers(slime_ctx_t *ctx) { ctx_wake(ctx, false); }
 
 static bool wait_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline);
 static bool sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint64_t deadline,

@@ -99,8 +99,7 @@ void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...) {
     atomic_store(&req->state, st);
     if (detached && !req->cb) req_destroy(req); /* else after its callback */
     if (parent && --parent->children_left == 0) req_complete(parent, parent->first_err, NULL);
-    ctx_wake_sleepers(ctx);
-    if (kind == REQ_WORKER) ctx_wake_worker_sleepers(ctx);
+    ctx_wake(ctx, kind == REQ_WORKER);
 }
 
 static bool pred_done(void *arg) { return req_done(arg); }
