@@ -48,11 +48,10 @@ static slime_status_t allgather_check(slime_comm_t *comm, slime_req_t **out, siz
 static slime_status_t allgather_post(slime_comm_t *comm, const void *src, size_t bytes, void *const *dst_blocks,
                                      slime_req_t **out) {
     if (bytes && !src) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL src buffer with %zu bytes", bytes);
-    void **ptrs;
+    coll_op_t t = {.exec = allgather_exec, .name = "allgather", .src = src, .bytes = bytes};
     slime_status_t st = coll_copy_blocks("allgather", "dst block", (const void *const *)dst_blocks, comm->size,
-                                         bytes, "bytes", &ptrs);
+                                         bytes, "bytes", t.ptrs_small, &t.ptrs);
     if (st != SLIME_OK) return st;
-    coll_op_t t = {.exec = allgather_exec, .name = "allgather", .src = src, .bytes = bytes, .ptrs = ptrs};
     return coll_post(comm, &t, out);
 }
 
@@ -68,9 +67,10 @@ slime_status_t slime_allgather(slime_comm_t *comm, const void *src, size_t bytes
     if (st != SLIME_OK) return st;
     if (bytes && !dst) return slime_errorf(SLIME_ERR_INVAL, "allgather: NULL dst buffer with %zu bytes", bytes);
     /* the same collective with each block's address spelled out */
-    const void **blocks = coll_flat_blocks(dst, comm->size, bytes);
+    const void *small[COLL_BLOCKS_SMALL];
+    const void **blocks = coll_flat_blocks(dst, comm->size, bytes, small);
     if (!blocks) return SLIME_ERR_NOMEM;
     st = allgather_post(comm, src, bytes, (void *const *)blocks, out);
-    free(blocks);
+    coll_blocks_free(blocks, small);
     return st;
 }

@@ -96,6 +96,10 @@ struct slime_comm {
 /* One queued collective: its arguments, copied at post time. */
 typedef struct coll_op coll_op_t;
 typedef struct coll_run coll_run_t;
+/* Block address arrays of up to this many ranks live in the op itself:
+ * two ranks (their box collectives are the ones whose allocation counts,
+ * and the tests' 3- and 4-rank cases keep the allocated path run). */
+#define COLL_BLOCKS_SMALL 2
 typedef bool (*coll_exec_fn)(coll_run_t *run, const coll_op_t *op);
 
 struct coll_op {
@@ -117,7 +121,8 @@ struct coll_op {
     slime_redop_t redop;
     int root;
     size_t *v;                      /* alltoallv: 4 * size entries, owned */
-    void **ptrs;                    /* size per-block addresses, owned (NULL: none) */
+    void **ptrs;                    /* size per-block addresses: ptrs_small or owned (NULL: none) */
+    void *ptrs_small[COLL_BLOCKS_SMALL]; /* ptrs of a small communicator: no allocation per post */
 };
 
 /* ---- comm.c ---- */
@@ -145,13 +150,18 @@ void *comm_rma_scratch(slime_comm_t *comm, size_t len, slime_mr_t **mr);
 
 /* ---- blocks.c ---- */
 /* Checks that none of the n blocks is NULL (when amount > 0) and copies
- * the array for the op (*copy NULL when amount is 0: nothing moves).
- * what: "dst block"; unit: "bytes" or "elements", for the error text. */
+ * the array for the op (*copy NULL when amount is 0: nothing moves):
+ * into small (COLL_BLOCKS_SMALL entries, an op's ptrs_small) when it
+ * fits, else into a malloc'd array.  what: "dst block"; unit: "bytes" or
+ * "elements", for the error text. */
 slime_status_t coll_copy_blocks(const char *name, const char *what, const void *const *blocks, int n,
-                                size_t amount, const char *unit, void ***copy);
+                                size_t amount, const char *unit, void **small, void ***copy);
 /* n addresses base + q * stride (all base when base is NULL or stride
- * 0), malloc'd; NULL with the error set when out of memory. */
-const void **coll_flat_blocks(const void *base, int n, size_t stride);
+ * 0): in small (COLL_BLOCKS_SMALL entries) when they fit, else malloc'd;
+ * NULL with the error set when out of memory.  coll_blocks_free frees it. */
+const void **coll_flat_blocks(const void *base, int n, size_t stride, const void **small);
+/* Frees an array of coll_copy_blocks or coll_flat_blocks unless it is small. */
+void coll_blocks_free(const void *blocks, const void *small);
 
 /* ---- worker.c ---- */
 /* What the op is, for error texts: "allreduce #3 (1000 x float32, sum)".

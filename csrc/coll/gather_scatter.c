@@ -34,10 +34,10 @@ static bool scatter_exec(coll_run_t *r, const coll_op_t *op) {
 }
 
 /* The checks all four entry points share; the root's block array is
- * checked and copied into *ptrs (NULL elsewhere, or with 0 bytes). */
+ * checked and copied into t->ptrs (NULL elsewhere, or with 0 bytes). */
 static slime_status_t check(slime_comm_t *comm, const char *name, const void *mine, size_t bytes,
-                            const void *const *blocks, int root, slime_req_t **out, bool gather, void ***ptrs) {
-    *ptrs = NULL;
+                            const void *const *blocks, int root, slime_req_t **out, bool gather, coll_op_t *t) {
+    t->ptrs = NULL;
     slime_status_t st = coll_check(comm, out, name, true, root);
     if (st != SLIME_OK) return st;
     if (bytes > SIZE_MAX / (size_t)comm->size)
@@ -48,30 +48,29 @@ static slime_status_t check(slime_comm_t *comm, const char *name, const void *mi
     if (!mine)
         return slime_errorf(SLIME_ERR_INVAL, "%s: NULL %s buffer with %zu bytes", name, gather ? "src" : "dst", bytes);
     if (!root_here) return SLIME_OK;
-    return coll_copy_blocks(name, gather ? "dst block" : "src block", blocks, comm->size, bytes, "bytes", ptrs);
+    return coll_copy_blocks(name, gather ? "dst block" : "src block", blocks, comm->size, bytes, "bytes",
+                            t->ptrs_small, &t->ptrs);
 }
 
 slime_status_t slime_gather_ptrs(slime_comm_t *comm, const void *src, size_t bytes, void *const *dst_blocks,
                                  int root, slime_req_t **out) {
-    void **ptrs;
-    slime_status_t st = check(comm, "gather", src, bytes, (const void *const *)dst_blocks, root, out, true, &ptrs);
+    coll_op_t t = {.exec = gather_exec, .name = "gather", .src = src, .bytes = bytes, .root = root};
+    slime_status_t st = check(comm, "gather", src, bytes, (const void *const *)dst_blocks, root, out, true, &t);
     if (st != SLIME_OK) return st;
-    coll_op_t t = {.exec = gather_exec, .name = "gather", .src = src, .bytes = bytes, .root = root, .ptrs = ptrs};
     return coll_post(comm, &t, out);
 }
 
 slime_status_t slime_scatter_ptrs(slime_comm_t *comm, const void *const *src_blocks, size_t bytes, void *dst,
                                   int root, slime_req_t **out) {
-    void **ptrs;
-    slime_status_t st = check(comm, "scatter", dst, bytes, src_blocks, root, out, false, &ptrs);
+    coll_op_t t = {.exec = scatter_exec, .name = "scatter", .dst = dst, .bytes = bytes, .root = root};
+    slime_status_t st = check(comm, "scatter", dst, bytes, src_blocks, root, out, false, &t);
     if (st != SLIME_OK) return st;
-    coll_op_t t = {.exec = scatter_exec, .name = "scatter", .dst = dst, .bytes = bytes, .root = root, .ptrs = ptrs};
     return coll_post(comm, &t, out);
 }
 
 /* A flat root buffer (size * bytes) as its blocks; only the root has one. */
 static const void **root_blocks(slime_comm_t *comm, const char *name, const char *what, const void *flat,
-                                size_t bytes, int root, slime_status_t *st) {
+                                size_t bytes, int root, const void **small, slime_status_t *st) {
     *st = SLIME_OK;
     if (!comm || root != comm->rank || !bytes) return NULL;
     if (!flat) {
@@ -79,7 +78,7 @@ static const void **root_blocks(slime_comm_t *comm, const char *name, const char
         return NULL;
     }
     if (bytes > SIZE_MAX / (size_t)comm->size) return NULL; /* check() says so */
-    const void **b = coll_flat_blocks(flat, comm->size, bytes);
+    const void **b = coll_flat_blocks(flat, comm->size, bytes, small);
     if (!b) *st = SLIME_ERR_NOMEM;
     return b;
 }
@@ -87,19 +86,21 @@ static const void **root_blocks(slime_comm_t *comm, const char *name, const char
 slime_status_t slime_gather(slime_comm_t *comm, const void *src, size_t bytes, void *dst, int root,
                             slime_req_t **out) {
     slime_status_t st;
-    const void **blocks = root_blocks(comm, "gather", "dst", dst, bytes, root, &st);
+    const void *small[COLL_BLOCKS_SMALL];
+    const void **blocks = root_blocks(comm, "gather", "dst", dst, bytes, root, small, &st);
     if (st == SLIME_OK) st = slime_gather_ptrs(comm, src, bytes, (void *const *)blocks, root, out);
     else if (out) *out = NULL;
-    free(blocks);
+    coll_blocks_free(blocks, small);
     return st;
 }
 
 slime_status_t slime_scatter(slime_comm_t *comm, const void *src, size_t bytes, void *dst, int root,
                              slime_req_t **out) {
     slime_status_t st;
-    const void **blocks = root_blocks(comm, "scatter", "src", src, bytes, root, &st);
+    const void *small[COLL_BLOCKS_SMALL];
+    const void **blocks = root_blocks(comm, "scatter", "src", src, bytes, root, small, &st);
     if (st == SLIME_OK) st = slime_scatter_ptrs(comm, blocks, bytes, dst, root, out);
     else if (out) *out = NULL;
-    free(blocks);
+    coll_blocks_free(blocks, small);
     return st;
 }

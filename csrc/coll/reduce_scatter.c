@@ -57,12 +57,11 @@ static slime_status_t reduce_scatter_check(slime_comm_t *comm, slime_req_t **out
 static slime_status_t reduce_scatter_post(slime_comm_t *comm, const void *const *src_blocks, void *dst,
                                           size_t count, slime_dtype_t dtype, slime_redop_t op, slime_req_t **out) {
     if (count && !dst) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL dst buffer with %zu elements", count);
-    void **ptrs;
-    slime_status_t st = coll_copy_blocks("reduce_scatter", "src block", src_blocks, comm->size, count, "elements",
-                                         &ptrs);
-    if (st != SLIME_OK) return st;
     coll_op_t t = {.exec = reduce_scatter_exec, .name = "reduce_scatter", .typed = true, .dst = dst,
-                   .count = count, .dtype = dtype, .redop = op, .ptrs = ptrs};
+                   .count = count, .dtype = dtype, .redop = op};
+    slime_status_t st = coll_copy_blocks("reduce_scatter", "src block", src_blocks, comm->size, count, "elements",
+                                         t.ptrs_small, &t.ptrs);
+    if (st != SLIME_OK) return st;
     return coll_post(comm, &t, out);
 }
 
@@ -79,9 +78,10 @@ slime_status_t slime_reduce_scatter(slime_comm_t *comm, const void *src, void *d
     size_t es = slime_dtype_size(dtype);
     if (count && !src) return slime_errorf(SLIME_ERR_INVAL, "reduce_scatter: NULL src buffer with %zu elements", count);
     /* the same collective with each block's address spelled out */
-    const void **blocks = coll_flat_blocks(src, comm->size, count * es);
+    const void *small[COLL_BLOCKS_SMALL];
+    const void **blocks = coll_flat_blocks(src, comm->size, count * es, small);
     if (!blocks) return SLIME_ERR_NOMEM;
     st = reduce_scatter_post(comm, blocks, dst, count, dtype, op, out);
-    free(blocks);
+    coll_blocks_free(blocks, small);
     return st;
 }

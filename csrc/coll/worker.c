@@ -48,14 +48,14 @@ coll_what_t coll_what(const coll_op_t *op) {
 
 static void op_free(coll_op_t *op) {
     free(op->v);
-    free(op->ptrs);
+    coll_blocks_free(op->ptrs, op->ptrs_small);
     free(op);
 }
 
 /* Under comm->mu: op is done with; the next post may take it. */
 static void op_retire(slime_comm_t *comm, coll_op_t *op) {
     free(op->v);
-    free(op->ptrs);
+    coll_blocks_free(op->ptrs, op->ptrs_small);
     if (comm->spare_op) free(op);
     else comm->spare_op = op;
 }
@@ -266,11 +266,12 @@ slime_status_t coll_post(slime_comm_t *comm, const coll_op_t *tmpl, slime_req_t 
         if (op != comm->spare_op) free(op);
         pthread_mutex_unlock(&comm->mu);
         free(tmpl->v);
-        free(tmpl->ptrs);
+        coll_blocks_free(tmpl->ptrs, tmpl->ptrs_small);
         return slime_errorf(SLIME_ERR_NOMEM, "%s: out of memory", tmpl->name);
     }
     comm->spare_op = NULL;
     *op = *tmpl;
+    if (tmpl->ptrs == tmpl->ptrs_small) op->ptrs = op->ptrs_small; /* in place: the copy's own */
     op->req = req;
     op->lazy = post_waited;
     post_waited = false;
