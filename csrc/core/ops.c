@@ -74,27 +74,41 @@ static void take_parked(slime_ctx_t *ctx, slime_req_t *req) {
     }
 }
 
-/* An eager send with nothing queued before it goes out at once, with no
- * queue entry, when the transport takes it whole (the shm ring with room,
- * a socket with buffer space: each small send of a ping-pong), which
- * saves the entry's allocation and the queue's pass (a fifth of an 8-byte
- * message's one-way time over shm).  Else what is left is queued. */
-static void send_eager_now(slime_ep_t *ep, const slime_op_t *op, slime_req_t *req) {
-    frame_t hdr = {.type = F_EAGER, .a = op->tag, .len = op->len};
-    size_t sent = 0;
-    int r = frames_send_now(ep, &hdr, op->buf, &sent);
-    if (r > 0) req_complete(req, SLIME_OK, NULL);
-    if (r != 0) return; /* r < 0: the endpoint failed, and req with it */
-    txn_t *t = txn_new(F_EAGER, 0);
-    if (!t) {
-        /* part of the frame may be in the stream: the rest can never follow */
-        ep_fail(ep, SLIME_ERR_NOMEM, "out of memory queueing a send");
+/* Under ctx->lock: a send.  An eager one with nothing queued before it
+ * is written at once from its header, with no queue entry, when the
+ * transport takes it whole (the shm ring with room, a socket with buffer
+ * space: each small send of a ping-pong), which saves the entry's
+ * allocation and the queue's pass (a fifth of an 8-byte message's
+ * one-way time over shm).  Whatever the transport did not take is queued,
+ * as every other send is. */
+static void post_send(slime_ctx_t *ctx, slime_ep_t *ep, const slime_op_t *op, slime_req_t *req) {
+    bool eager = op->len <= (req->sync ? 0 : ep->eager);
+    frame_t hdr = {.type = eager ? F_EAGER : F_RTS, .a = op->tag, .len = eager ? op->len : 0};
+    size_t sent = 0; /* of the frame, written at once */
+    list_push_back(&ep->pending, &req->eplink);
+    if (eager && list_empty(&ep->txq)) {
+        int r = frames_send_now(ep, &hdr, op->buf, &sent);
+        if (r > 0) req_complete(req, SLIME_OK, NULL);
+        if (r != 0) return; /* r < 0: the endpoint failed, and req with it */
+    }
+    txn_t *t = txn_new(hdr.type, 0);
+    if (!t || (!eager && !req_id_assign(ctx, req))) {
+        free(t);
+        /* part of the frame in the stream: the rest can never follow */
+        if (sent) ep_fail(ep, SLIME_ERR_NOMEM, "out of memory queueing a send");
+        else req_complete(req, SLIME_ERR_NOMEM, "out of memory posting a send");
         return;
     }
     t->hdr = hdr;
     t->sent = sent;
-    t->payload = op->buf;
-    t->req = req;
+    if (eager) {
+        t->payload = op->buf;
+        t->req = req;
+    } else {
+        t->hdr.b = req->id;
+        t->hdr.c = op->len;
+        if (ep->tp->rndv_offer) ep->tp->rndv_offer(ep, req, &t->hdr);
+    }
     frames_queue(ep, t);
     frames_flush(ep);
 }
@@ -106,34 +120,9 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
     req->buf = op->buf;
     req->len = op->len;
     switch (op->kind) {
-    case SLIME_OP_SEND: {
-        size_t eager = req->sync ? 0 : ep->eager;
-        if (op->len <= eager && list_empty(&ep->txq)) {
-            list_push_back(&ep->pending, &req->eplink);
-            send_eager_now(ep, op, req);
-            return;
-        }
-        txn_t *t = txn_new(op->len <= eager ? F_EAGER : F_RTS, 0);
-        if (!t || (op->len > eager && !req_id_assign(ctx, req))) {
-            free(t);
-            req_complete(req, SLIME_ERR_NOMEM, "out of memory posting a send");
-            return;
-        }
-        t->hdr.a = op->tag;
-        if (t->hdr.type == F_EAGER) {
-            t->hdr.len = op->len;
-            t->payload = op->buf;
-            t->req = req;
-        } else {
-            t->hdr.b = req->id;
-            t->hdr.c = op->len;
-            if (ep->tp->rndv_offer) ep->tp->rndv_offer(ep, req, &t->hdr);
-        }
-        list_push_back(&ep->pending, &req->eplink);
-        frames_queue(ep, t);
-        frames_flush(ep);
+    case SLIME_OP_SEND:
+        post_send(ctx, ep, op, req);
         return;
-    }
     case SLIME_OP_RECV:
         if (proto_match_unexpected(ctx, req)) return;
         if (ep && ep->state == EP_DOWN) {
