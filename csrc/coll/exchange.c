@@ -152,9 +152,10 @@ int run_send_bounded(coll_run_t *r, int peer, uint32_t step, const void *buf, si
 
 int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
     /* Besides the bound on running ahead: only where the receiver copies
-     * the bytes straight from ours (shm): over a socket the bytes are copied twice either way and the
-     * rendezvous adds a round trip (2 ranks over tcp, broadcast 256 KiB:
-     * 67-76 us eager, 111-113 us so).  And only with no more ranks than
+     * the bytes straight from ours (shm): over a socket the bytes are
+     * copied twice either way and the rendezvous adds a round trip (2
+     * ranks over tcp, broadcast 256 KiB: 67-76 us eager, 111-113 us
+     * so).  And only with no more ranks than
      * cores: past that a receiver is often off its core, and the sender
      * waits a time slice for it (4 ranks on 2 cores, broadcast 64 KiB:
      * 23-29 us eager, 113-170 us so). */

@@ -46,16 +46,20 @@ coll_what_t coll_what(const coll_op_t *op) {
     return w;
 }
 
-static void op_free(coll_op_t *op) {
+/* What an op owns besides itself. */
+static void op_free_args(coll_op_t *op) {
     free(op->v);
     coll_blocks_free(op->ptrs, op->ptrs_small);
+}
+
+static void op_free(coll_op_t *op) {
+    op_free_args(op);
     free(op);
 }
 
 /* Under comm->mu: op is done with; the next post may take it. */
 static void op_retire(slime_comm_t *comm, coll_op_t *op) {
-    free(op->v);
-    coll_blocks_free(op->ptrs, op->ptrs_small);
+    op_free_args(op);
     if (comm->spare_op) free(op);
     else comm->spare_op = op;
 }
@@ -80,7 +84,7 @@ static void run_one(slime_comm_t *comm, coll_op_t *op, slime_status_t broken) {
     slime_status_t st = broken;
     char text[600];
     if (st != SLIME_OK) {
-        pthread_mutex_lock(&comm->mu); /* broken_text is written once, before broken is */
+        pthread_mutex_lock(&comm->mu); /* comm_break writes the text under it */
         snprintf(text, sizeof text, "%s", comm->broken_text);
         pthread_mutex_unlock(&comm->mu);
     }
