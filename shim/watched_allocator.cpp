@@ -12,8 +12,15 @@
 // region moves its whole huge pages onto huge pages (core/hugepages.c),
 // which doubles the speed of a shm peer's copies of it; aligned, that is
 // all of the tensor but its tail, instead of leaving its first megabytes
-// on small pages.  A map from the aligned address to the wrapped
-// allocator's finds what to free.
+// on small pages.  Smaller watched tensors start on a page boundary, for
+// the same over-allocation by a page: the wrapped allocator's large
+// blocks (glibc maps them) start 64 bytes into a page, and receiving into
+// such a buffer over tcp ran slower here (the kernel's copy into it:
+// 2-rank all_reduce of 1 MiB, p50 400-440 us at page offset 64 against
+// 280-330 at offset 0, while offsets 8, 56, 72, 512 and 2048 ran like 0;
+// p2p_bench with its buffers shifted, and the same through torch).  A
+// map from the aligned address to the wrapped allocator's finds what to
+// free.
 #include "watched_allocator.h"
 
 #include <cstdint>
@@ -35,6 +42,14 @@ constexpr size_t kWatchMin = 256 * 1024;
 
 constexpr size_t kHuge = 2 << 20;
 constexpr size_t kAlignMin = kHuge;
+constexpr size_t kPage = 4096;
+
+// The boundary a tensor of n bytes starts on; 1: wherever the wrapped
+// allocator puts it.
+size_t boundary_for(size_t n) {
+  if (n >= kAlignMin) return kHuge;
+  return n >= kWatchMin ? kPage : 1;
+}
 
 c10::DeleterFnPtr wrapped_delete = nullptr;
 
@@ -60,14 +75,15 @@ struct WatchedAllocator final : c10::Allocator {
   explicit WatchedAllocator(c10::Allocator* inner) : inner_(inner) {}
 
   c10::DataPtr allocate(size_t n) override {
-    bool align = n >= kAlignMin && n <= SIZE_MAX - kHuge;
-    c10::DataPtr inner = inner_->allocate(align ? n + kHuge : n);
+    size_t boundary = boundary_for(n);
+    bool align = boundary > 1 && n <= SIZE_MAX - boundary;
+    c10::DataPtr inner = inner_->allocate(align ? n + boundary : n);
     void* p = inner.get();
     if (!p) return inner;
     // ours from here on: the inner deleter runs in delete_watched
     inner.release_context();
     if (align) {
-      auto at = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~static_cast<uintptr_t>(kHuge - 1);
+      auto at = (reinterpret_cast<uintptr_t>(p) + boundary - 1) & ~static_cast<uintptr_t>(boundary - 1);
       void* aligned = reinterpret_cast<void*>(at);
       // handed out shifted only when watched, so that its free looks here;
       // else p itself, unaligned (it has the bytes)

@@ -52,6 +52,15 @@ def _allocations(rank, size, store):
         del a, b
     seen["huge_aligned"] = starts == {0} and kept
     seen["1MiB_any_start"] = torch.empty(BIG, dtype=torch.uint8).data_ptr() % huge != 0
+    # watched tensors below 2 MiB start on a page boundary (the wrapped
+    # allocator's large blocks start 64 bytes into one), and keep their bytes
+    starts, kept = set(), True
+    for i, n in enumerate((256 << 10, (256 << 10) + 17, BIG, BIG + 4096 + 3, huge - 1)):
+        a = torch.full((n,), i + 1, dtype=torch.uint8)
+        starts.add(a.data_ptr() % 4096)
+        kept &= bool((a == i + 1).all()) and _watched(a)
+        del a
+    seen["page_aligned"] = starts == {0} and kept
     # the data moves as before
     x = torch.full((BIG // 4,), float(rank + 1))
     dist.all_reduce(x)
@@ -64,7 +73,7 @@ def test_large_tensors_are_watched_from_allocation_to_free():
     for seen in run_job(2, _allocations):
         assert seen == {"before": False, "big": True, "small": False, "freed": False,
                         "again": True, "op_result": True, "huge_aligned": True,
-                        "1MiB_any_start": True, "all_reduce": True}, seen
+                        "1MiB_any_start": True, "page_aligned": True, "all_reduce": True}, seen
 
 
 def _switched_off(rank, size, store):
