@@ -71,6 +71,11 @@ struct slime_req {
 };
 
 slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep);
+/* Zeroed memory for a request (req_cache.c): one this thread freed, if
+ * it kept one, else calloc's; NULL when out of memory. */
+slime_req_t *req_cache_take(void);
+/* Frees memory req_cache_take gave, or keeps it for this thread. */
+void req_cache_give(slime_req_t *r);
 /* Completes req (under ctx->lock); fmt may be NULL on success. */
 void req_complete(slime_req_t *req, slime_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -8,7 +8,7 @@
 #include "core/internal.h"
 
 slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep) {
-    slime_req_t *r = calloc(1, sizeof *r);
+    slime_req_t *r = req_cache_take();
     if (!r) return NULL;
     r->ctx = ctx;
     r->kind = kind;
@@ -24,7 +24,7 @@ slime_req_t *req_new(slime_ctx_t *ctx, enum req_kind kind, slime_ep_t *ep) {
 static void req_destroy(slime_req_t *r) {
     if (r->ep) ep_unref(r->ep);
     free(r->error);
-    free(r);
+    req_cache_give(r);
 }
 
 uint64_t req_id_assign(slime_ctx_t *ctx, slime_req_t *req) {
