@@ -71,6 +71,12 @@ typedef struct shm_conn {
      * message, so a fresh read is a cache miss on each send's path; a
      * stale one only understates the room, and is read again then */
     uint64_t tx_head_seen;
+    /* Each side's own end of its rings, kept here: the copies in the
+     * segment are for the peer to read (and are the peer's to scribble
+     * on), and the offsets into the ring spare a division by the ring's
+     * size (any size: DLSLIME_SHM_RING) on every read and write */
+    uint64_t tx_tail, rx_head;
+    size_t tx_at, rx_at;                      /* tx_tail, rx_head modulo size */
     mr_shared_t *peer;                        /* the peer's MR table */
     int peer_pid;
     bool cma;

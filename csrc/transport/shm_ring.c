@@ -26,15 +26,24 @@ static bool peer_needs_doorbell(shm_conn_t *c) {
     return atomic_load(&c->peer->polling) == 0 && now_ns() > atomic_load(&c->peer->grace_until);
 }
 
-static void ring_copy_in(shm_conn_t *c, uint64_t pos, const uint8_t *src, size_t n) {
-    size_t at = (size_t)(pos % c->size), first = min_sz(n, (size_t)c->size - at);
+/* An offset into a ring moved on by n (at most the ring's size). */
+static size_t ring_advance(const shm_conn_t *c, size_t at, size_t n) {
+    at += n;
+    return at >= c->size ? at - (size_t)c->size : at;
+}
+
+/* Copies n bytes (at most the ring's size) in at the tail's offset, and
+ * moves the offset on. */
+static void ring_copy_in(shm_conn_t *c, const uint8_t *src, size_t n) {
+    size_t at = c->tx_at, first = min_sz(n, (size_t)c->size - at);
     memcpy(c->txd + at, src, first);
     if (n > first) memcpy(c->txd, src + first, n - first);
+    c->tx_at = ring_advance(c, at, n);
 }
 
 ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
     shm_conn_t *c = ep->conn;
-    uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_relaxed), published = tail;
+    uint64_t tail = c->tx_tail, published = tail;
     uint64_t head = c->tx_head_seen;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -57,7 +66,7 @@ ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
                 if (room == 0) goto done;
             }
             size_t k = min_sz(min_sz(left, room), (size_t)c->chunk);
-            ring_copy_in(c, tail, p, k);
+            ring_copy_in(c, p, k);
             tail += k;
             p += k;
             left -= k;
@@ -73,6 +82,7 @@ ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
     }
 done:
     if (tail != published) atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
+    c->tx_tail = tail;
     c->tx_head_seen = head;
     if (total) {
         atomic_thread_fence(memory_order_seq_cst);
@@ -116,11 +126,13 @@ void shm_copy_stream(uint8_t *dst, const uint8_t *src, size_t n) {
  * The tail of a message stays in cache for whoever reads it next. */
 #define STREAM_MIN (4u << 20)
 
-/* Moves the read head to head (the bytes before it are read): the room
- * is the writer's again, and a writer waiting for it gets a doorbell. */
-static void rx_release(slime_ep_t *ep, uint64_t head) {
+/* Moves the read head on by k bytes (read): the room is the writer's
+ * again, and a writer waiting for it gets a doorbell. */
+static void rx_release(slime_ep_t *ep, size_t k) {
     shm_conn_t *c = ep->conn;
-    atomic_store_explicit(&c->rx->head, head, memory_order_seq_cst);
+    c->rx_head += k;
+    c->rx_at = ring_advance(c, c->rx_at, k);
+    atomic_store_explicit(&c->rx->head, c->rx_head, memory_order_seq_cst);
     if (atomic_load_explicit(&c->rx->want_space, memory_order_seq_cst)) {
         atomic_store(&c->rx->want_space, 0);
         if (peer_needs_doorbell(c)) doorbell(ep);
@@ -133,13 +145,12 @@ static bool rx_cold(const slime_ep_t *ep) {
     return ep->rx.state == RX_PAYLOAD && ep->rx.sink == SINK_RECV && ep->rx.req->cold;
 }
 
-/* The read head, and the bytes waiting after it.  Both ends live in the
- * segment the peer writes: more bytes than the ring holds is a tail (or
- * head) no writer leaves, and the connection fails rather than read the
- * ring round and round for ever. */
-static bool rx_waiting(slime_ep_t *ep, shm_conn_t *c, uint64_t *head, uint64_t *waiting) {
-    *head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
-    *waiting = atomic_load_explicit(&c->rx->tail, memory_order_acquire) - *head;
+/* The bytes waiting after the read head.  The tail lives in the segment
+ * the peer writes: more bytes than the ring holds is a tail no writer
+ * leaves, and the connection fails rather than read the ring round and
+ * round for ever. */
+static bool rx_waiting(slime_ep_t *ep, shm_conn_t *c, uint64_t *waiting) {
+    *waiting = atomic_load_explicit(&c->rx->tail, memory_order_acquire) - c->rx_head;
     if (*waiting <= c->size) return true;
     ep_fail(ep, SLIME_ERR_PROTOCOL, "shm: the peer's ring says %" PRIu64 " bytes wait in a ring of %" PRIu64,
             *waiting, c->size);
@@ -148,12 +159,12 @@ static bool rx_waiting(slime_ep_t *ep, shm_conn_t *c, uint64_t *head, uint64_t *
 
 ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
     shm_conn_t *c = ep->conn;
-    uint64_t head, waiting;
-    if (!rx_waiting(ep, c, &head, &waiting)) return SLIME_ERR_PROTOCOL;
+    uint64_t waiting;
+    if (!rx_waiting(ep, c, &waiting)) return SLIME_ERR_PROTOCOL;
     /* hand room back chunk by chunk so the writer keeps copying in */
     size_t k = min_sz(min_sz(n, (size_t)waiting), (size_t)c->chunk);
     if (k == 0) return 0;
-    size_t at = (size_t)(head % c->size), first = min_sz(k, (size_t)c->size - at);
+    size_t at = c->rx_at, first = min_sz(k, (size_t)c->size - at);
     if (n >= STREAM_MIN || rx_cold(ep)) {
         shm_copy_stream(dst, c->rxd + at, first);
         if (k > first) shm_copy_stream((uint8_t *)dst + first, c->rxd, k - first);
@@ -161,7 +172,7 @@ ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
         memcpy(dst, c->rxd + at, first);
         if (k > first) memcpy((uint8_t *)dst + first, c->rxd, k - first);
     }
-    rx_release(ep, head + k);
+    rx_release(ep, k);
     return (ssize_t)k;
 }
 
@@ -170,23 +181,19 @@ ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
  * time so the writer keeps copying in, but never across the wrap. */
 size_t shm_rx_peek(slime_ep_t *ep, size_t n, const uint8_t **at) {
     shm_conn_t *c = ep->conn;
-    uint64_t head, waiting;
-    if (!rx_waiting(ep, c, &head, &waiting)) return 0;
-    size_t off = (size_t)(head % c->size);
+    uint64_t waiting;
+    if (!rx_waiting(ep, c, &waiting)) return 0;
+    size_t off = c->rx_at;
     *at = c->rxd + off;
     return min_sz(min_sz(min_sz(n, (size_t)waiting), (size_t)c->chunk), (size_t)c->size - off);
 }
 
-void shm_rx_consume(slime_ep_t *ep, size_t k) {
-    shm_conn_t *c = ep->conn;
-    rx_release(ep, atomic_load_explicit(&c->rx->head, memory_order_relaxed) + k);
-}
+void shm_rx_consume(slime_ep_t *ep, size_t k) { rx_release(ep, k); }
 
 /* Unchecked: a count no writer leaves only makes us read, and the read
  * (rx_waiting) fails the connection. */
 static uint64_t rx_count(shm_conn_t *c) {
-    return atomic_load_explicit(&c->rx->tail, memory_order_acquire) -
-           atomic_load_explicit(&c->rx->head, memory_order_relaxed);
+    return atomic_load_explicit(&c->rx->tail, memory_order_acquire) - c->rx_head;
 }
 
 static bool rx_pending(shm_conn_t *c) { return rx_count(c) != 0; }
@@ -206,8 +213,7 @@ bool shm_has_work(slime_ep_t *ep) {
     if (!c) return false;
     if (shm_rx_ready(ep)) return true;
     /* queued frames and room for them: nobody would ring us for that */
-    uint64_t used = atomic_load_explicit(&c->tx->tail, memory_order_relaxed) -
-                    atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
+    uint64_t used = c->tx_tail - atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
     return !list_empty(&ep->txq) && used < c->size;
 }
 
