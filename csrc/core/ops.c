@@ -188,11 +188,12 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
     pthread_mutex_unlock(&ctx->lock);
     /* whoever posts will test or wait soon: its peers need not ring us.
      * Said after the post, so that a send's clock read comes after its
-     * message is on its way.  Not by a receive still pending: the wait
-     * or test that follows says so itself, and a receive posted before
-     * a send (a request awaiting its reply) would read the clock on the
-     * send's way.  One already complete says so, as its wait will not */
-    if (op->kind != SLIME_OP_RECV || !req || req_done(req)) ctx_extend_grace(ctx);
+     * message is on its way.  A receive says so too, though its wait
+     * will: extending the grace also wakes a progress thread in a long
+     * sleep, and over verbs a receive posted and left unwaited was not
+     * completed without that pass (test_doorbell quiet_peer_is_woken
+     * failed in 5 of 6 runs in the soft-RoCE VM) */
+    ctx_extend_grace(ctx);
     *out = req;
     return st;
 }
