@@ -7,6 +7,7 @@ and exits non-zero when a check fails on any rank.
 """
 
 import datetime
+import gc
 import os
 import sys
 import time
@@ -104,6 +105,11 @@ def main(body):
         dist.all_reduce(verdict, group=gloo)
         failed = int(verdict.item())
         dist.destroy_process_group()
+        # Modules that hold a group in reference cycles (fully_shard's)
+        # would otherwise free it during interpreter shutdown, where
+        # Gloo's worker threads have been seen to abort the process
+        # ("terminate called without an active exception", once in CI).
+        gc.collect()
     except Exception:
         traceback.print_exc()
         failed = 1
