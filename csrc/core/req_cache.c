@@ -37,6 +37,9 @@ static bool key_made;
 static void drop_kept(void *unused) {
     (void)unused;
     while (cache.n) free(cache.kept[--cache.n]);
+    /* a request freed by a later exit destructor sets the key again,
+     * and the key's destructor then runs once more */
+    cache.registered = false;
 }
 
 static void key_make(void) { key_made = pthread_key_create(&exit_key, drop_kept) == 0; }
