@@ -15,7 +15,15 @@
 
 #include "core/internal.h"
 
-#if defined(__SANITIZE_ADDRESS__)
+/* gcc says so by __SANITIZE_ADDRESS__, clang (the fuzz build) only by
+ * __has_feature */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define REQ_CACHE_UNDER_ASAN 1
+#endif
+#endif
+
+#if defined(__SANITIZE_ADDRESS__) || defined(REQ_CACHE_UNDER_ASAN)
 
 slime_req_t *req_cache_take(void) { return calloc(1, sizeof(slime_req_t)); }
 void req_cache_give(slime_req_t *r) { free(r); }
