@@ -85,21 +85,18 @@ static void post_send(slime_ctx_t *ctx, slime_ep_t *ep, const slime_op_t *op, sl
     bool eager = op->len <= (req->sync ? 0 : ep->eager);
     frame_t hdr = {.type = eager ? F_EAGER : F_RTS, .a = op->tag, .len = eager ? op->len : 0};
     size_t sent = 0; /* of the frame, written at once */
+    list_push_back(&ep->pending, &req->eplink);
     if (eager && list_empty(&ep->txq)) {
         int r = frames_send_now(ep, &hdr, op->buf, &sent);
         if (r > 0 && !req->parent) {
-            /* nobody has seen req yet: no list to leave, no waiter to wake */
+            /* nobody has seen req yet: no id to release, no waiter to wake */
+            list_del(&req->eplink);
             atomic_store_explicit(&req->state, SLIME_OK, memory_order_release);
             return;
         }
-        if (r != 0) {
-            if (r > 0) req_complete(req, SLIME_OK, NULL);
-            else req_complete(req, ep->down_status, "send: endpoint to %016" PRIx64 " is down: %s", ep->peer_id,
-                              ep->down_reason);
-            return;
-        }
+        if (r > 0) req_complete(req, SLIME_OK, NULL);
+        if (r != 0) return; /* r < 0: the endpoint failed, and req with it */
     }
-    list_push_back(&ep->pending, &req->eplink);
     txn_t *t = txn_new(hdr.type, 0);
     if (!t || (!eager && !req_id_assign(ctx, req))) {
         free(t);
