@@ -48,25 +48,25 @@ static void ring_if_asleep(slime_ep_t *ep) {
     if (peer_needs_doorbell(ep->conn)) doorbell(ep);
 }
 
-/* The common case, a small frame (a header and its payload): room for
- * all of it before the ring's end, so it is copied in piece by piece
- * and published at once, with none of the chunking below.  Total bytes,
- * or 0 when it does not fit so. */
+/* The room after tail, by the head as last read, which is read again
+ * only when that leaves less than need: the reader moves the head with
+ * every message, so each fresh read is a cache miss. */
+static size_t tx_room(shm_conn_t *c, uint64_t tail, size_t need) {
+    size_t room = (size_t)(c->size - (tail - c->tx_head_seen));
+    if (room >= need) return room;
+    c->tx_head_seen = atomic_load_explicit(&c->tx->head, memory_order_acquire);
+    return (size_t)(c->size - (tail - c->tx_head_seen));
+}
+
+/* The common case, a small frame (a header and its payload) with room
+ * for all of it: copied in and published at once, with none of the
+ * chunking below.  Total bytes, or 0 when it does not fit so. */
 static size_t write_whole(shm_conn_t *c, const struct iovec *iov, int n) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += iov[i].iov_len;
-    if (total == 0 || total > c->chunk || total > c->size - c->tx_at) return 0;
-    if (total > c->size - (c->tx_tail - c->tx_head_seen)) {
-        c->tx_head_seen = atomic_load_explicit(&c->tx->head, memory_order_acquire);
-        if (total > c->size - (c->tx_tail - c->tx_head_seen)) return 0;
-    }
-    uint8_t *at = c->txd + c->tx_at;
-    for (int i = 0; i < n; i++) {
-        memcpy(at, iov[i].iov_base, iov[i].iov_len);
-        at += iov[i].iov_len;
-    }
+    if (total == 0 || total > c->chunk || total > tx_room(c, c->tx_tail, total)) return 0;
+    for (int i = 0; i < n; i++) ring_copy_in(c, iov[i].iov_base, iov[i].iov_len);
     c->tx_tail += total;
-    c->tx_at = ring_advance(c, c->tx_at, total);
     atomic_store_explicit(&c->tx->tail, c->tx_tail, memory_order_release);
     return total;
 }
@@ -79,25 +79,20 @@ ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
         return (ssize_t)whole;
     }
     uint64_t tail = c->tx_tail, published = tail;
-    uint64_t head = c->tx_head_seen;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         const uint8_t *p = iov[i].iov_base;
         size_t left = iov[i].iov_len;
         while (left) {
-            size_t room = (size_t)(c->size - (tail - head));
-            if (room < min_sz(left, (size_t)c->chunk)) {
-                head = atomic_load_explicit(&c->tx->head, memory_order_acquire);
-                room = (size_t)(c->size - (tail - head));
-            }
+            size_t room = tx_room(c, tail, min_sz(left, (size_t)c->chunk));
             if (room == 0) {
                 atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
                 published = tail;
                 /* ask for a doorbell, then look again: the reader may
                  * have freed room before it could see the request */
                 atomic_store_explicit(&c->tx->want_space, 1, memory_order_seq_cst);
-                head = atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
-                room = (size_t)(c->size - (tail - head));
+                c->tx_head_seen = atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
+                room = (size_t)(c->size - (tail - c->tx_head_seen));
                 if (room == 0) goto done;
             }
             size_t k = min_sz(min_sz(left, room), (size_t)c->chunk);
@@ -118,7 +113,6 @@ ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
 done:
     if (tail != published) atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
     c->tx_tail = tail;
-    c->tx_head_seen = head;
     if (total) ring_if_asleep(ep);
     return (ssize_t)total;
 }
