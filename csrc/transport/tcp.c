@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "transport/cma_fetch.h"
 #include "transport/sockio.h"
 #include "transport/tcp_cma.h"
 #include "transport/transport.h"
@@ -304,7 +305,7 @@ static slime_status_t tcp_rndv_fetch(slime_ep_t *ep, slime_req_t *recv, uint64_t
     (void)rkey;
     tcp_conn_t *c = ep->conn;
     if (!tcp_cma_usable(&c->cma, c->fd, ep->peer_pid, len)) return SLIME_ERR_UNSUPPORTED;
-    if (!tcp_cma_fetch(ep->ctx, ep->peer_pid, recv->buf, raddr, len)) {
+    if (!cma_fetch(ep->ctx, ep->peer_pid, recv->buf, raddr, len)) {
         c->cma.state = TCP_CMA_OFF;
         return SLIME_ERR_UNSUPPORTED;
     }

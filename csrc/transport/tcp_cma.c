@@ -36,13 +36,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
-
-/* Pieces for the copy team (core/team.c), and the size below which the
- * receiver copies alone: the sizes shm_rma.c measured for CMA. */
-#define FETCH_PIECE (512u << 10)
-#define FETCH_TEAM_MIN (4u << 20)
 
 /* Whether two /proc/.../ns/net name one network namespace. */
 static bool same_netns(uint32_t pid) {
@@ -113,31 +107,4 @@ bool tcp_cma_usable(tcp_cma_t *cma, int fd, uint32_t pid, size_t len) {
         cma->max = env_size("DLSLIME_TCP_CMA_MAX", (size_t)256 << 20);
     }
     return cma->state == TCP_CMA_ON && len <= cma->max;
-}
-
-typedef struct fetch_job {
-    pid_t pid;
-    uint8_t *dst;
-    uint64_t raddr;
-} fetch_job_t;
-
-static slime_status_t fetch_piece(void *arg, size_t off, size_t len) {
-    const fetch_job_t *j = arg;
-    uint8_t *dst = j->dst + off;
-    uint64_t raddr = j->raddr + off;
-    while (len) {
-        struct iovec l = {.iov_base = dst, .iov_len = len};
-        struct iovec r = {.iov_base = (void *)(uintptr_t)raddr, .iov_len = len};
-        ssize_t n = process_vm_readv(j->pid, &l, 1, &r, 1, 0);
-        if (n <= 0) return SLIME_ERR_ACCESS; /* 0: nothing moved, which a valid range never gives */
-        dst += n;
-        raddr += (uint64_t)n;
-        len -= (size_t)n;
-    }
-    return SLIME_OK;
-}
-
-bool tcp_cma_fetch(slime_ctx_t *ctx, uint32_t pid, void *dst, uint64_t raddr, size_t len) {
-    fetch_job_t j = {.pid = (pid_t)pid, .dst = dst, .raddr = raddr};
-    return team_run(ctx, fetch_piece, &j, len, len < FETCH_TEAM_MIN ? len : FETCH_PIECE) == SLIME_OK;
 }

@@ -20,8 +20,4 @@ typedef struct tcp_cma {
  * process pid goes by CMA: the connection's part decided once, in *cma. */
 bool tcp_cma_usable(tcp_cma_t *cma, int fd, uint32_t pid, size_t len);
 
-/* Copies len bytes at raddr in process pid to dst with the context's
- * copy team; false if any piece failed (dst is then partly written). */
-bool tcp_cma_fetch(slime_ctx_t *ctx, uint32_t pid, void *dst, uint64_t raddr, size_t len);
-
 #endif

@@ -169,6 +169,13 @@ void h_kill_rank(h_rank_t *r, int k);
 /* ---- memory -------------------------------------------------------- */
 
 /* Zeroed memory; fails the case if none. */
+/* Sends each of the n sizes from rank 0 to rank 1 and back over ep
+ * (tags tag + i), receives posted before and after their announcement,
+ * every byte checked (harness_rndv.c); ends with a barrier. */
+void h_rendezvous_both_ways(h_rank_t *r, slime_ep_t *ep, const size_t *sizes, size_t n, uint64_t tag);
+/* process_vm_readv fails with EPERM in this process from now on
+ * (harness_seccomp.c). */
+void h_refuse_cma(void);
 void *h_alloc(size_t len);
 slime_mr_t *h_mr_reg(slime_ctx_t *ctx, void *addr, size_t len,
                      unsigned access);

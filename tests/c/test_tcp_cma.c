@@ -15,13 +15,8 @@
 #include <sched.h>
 #include <stdio.h>
 #include <unistd.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
 
 #define TAG 40
 
@@ -41,43 +36,13 @@ static slime_ep_t *tcp_pair(h_rank_t *r, const char *mode, slime_ctx_t **ctx) {
     return eps[h_peer(r)];
 }
 
-/* Rank `from` sends every size; rank 1 - from receives, its receive
- * posted first for even sizes and after the announcement for odd ones. */
-static void one_way(h_rank_t *r, slime_ep_t *ep, int from, uint8_t *buf) {
-    const int peer = h_peer(r);
-    for (size_t i = 0; i < NSIZES; i++) {
-        uint64_t seed = 100 + i + 10 * (uint64_t)from;
-        slime_req_t *req = NULL;
-        if (r->rank == from) {
-            h_fill(buf, sizes[i], seed, 0);
-            if (i % 2) (void)h_ctl_recv_u64(r, peer); /* its receive is posted */
-            H_CHECK_OK(slime_send(ep, buf, sizes[i], TAG + i, &req));
-            if (!(i % 2)) h_ctl_send_u64(r, peer, 1); /* announced: receive now */
-            H_WAIT_FREE(req, SLIME_OK);
-        } else {
-            memset(buf, 0, sizes[i]);
-            if (!(i % 2)) (void)h_ctl_recv_u64(r, peer);
-            H_CHECK_OK(slime_recv(ep, buf, sizes[i], TAG + i, &req));
-            if (i % 2) h_ctl_send_u64(r, peer, 1);
-            H_WAIT(req, SLIME_OK);
-            H_CHECK_EQ(slime_req_bytes(req), sizes[i]);
-            H_CHECK_PATTERN(buf, sizes[i], seed, 0);
-            slime_req_free(req);
-        }
-    }
-}
-
 /* Moves every size both ways; returns this rank's CMA fetches. */
 static uint64_t exchange(h_rank_t *r, const char *mode) {
     slime_ctx_t *ctx = NULL;
     slime_ep_t *ep = tcp_pair(r, mode, &ctx);
     H_CHECK(strcmp(slime_ep_transport(ep), "tcp") == 0);
-    uint8_t *buf = h_alloc(sizes[NSIZES - 1]);
-    one_way(r, ep, 0, buf);
-    one_way(r, ep, 1, buf);
-    h_barrier(r);
+    h_rendezvous_both_ways(r, ep, sizes, NSIZES, TAG);
     uint64_t fetched = slime_ctx_counter(ctx, SLIME_COUNTER_TCP_CMA_FETCHES);
-    free(buf);
     slime_ctx_destroy(ctx);
     return fetched;
 }
@@ -101,24 +66,11 @@ static void case_stream(h_rank_t *r) {
     H_CHECK_EQ(exchange(r, NULL), 0);
 }
 
-/* process_vm_readv fails with EPERM in this process from now on. */
-static void refuse_cma(void) {
-    struct sock_filter filter[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    struct sock_fprog prog = {.len = sizeof filter / sizeof filter[0], .filter = filter};
-    H_CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
-    H_CHECK(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0);
-}
-
 /* A receiver the kernel refuses CMA still gets every byte of an offered
  * rendezvous (by a plain CTS and the stream), and offers none itself
  * from then on: nothing is fetched either way. */
 static void case_refused(h_rank_t *r) {
-    if (r->rank == 1) refuse_cma();
+    if (r->rank == 1) h_refuse_cma();
     H_CHECK_EQ(exchange(r, "1"), 0);
 }
 
