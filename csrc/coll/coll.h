@@ -220,7 +220,7 @@ uint64_t run_deadline(coll_run_t *r, uint64_t now);
 int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
 /* run_send for a sender that could run ahead of its receiver (a rank
  * that only sends): every COLL_AHEAD_MAX-th collective it completes only
- * once the receiver took the bytes (p2p_send_sync), so that such a rank
+ * once the receiver took the bytes (send_opts_t.sync), so that such a rank
  * is never more than that many collectives ahead. */
 #define COLL_AHEAD_MAX 64
 int run_send_bounded(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);

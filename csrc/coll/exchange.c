@@ -125,9 +125,12 @@ static int post(coll_run_t *r, enum xfer_kind kind, int peer, uint32_t step, voi
     uint64_t tag = comm_coll_tag(c, r->op->seq, step);
     slime_req_t **q = &r->x[h].req;
     slime_ep_t *ep = c->peers[peer];
-    slime_status_t st = kind == XFER_RECV   ? slime_recv(ep, buf, len, tag, q)
-                        : kind == XFER_SEND ? slime_send(ep, buf, len, tag, q)
-                                            : p2p_send_sync(ep, buf, len, tag, q);
+    /* a collective's sends keep to the stream: its pipeline keeps both
+     * ends copying, where a fetch by the receiver would leave the sender
+     * idle (4 ranks on 2 cores, all_reduce of 16 MiB: 7.0 ms by the
+     * stream, 10-12.5 ms with its 512 KiB chunks fetched) */
+    const send_opts_t so = {.sync = kind == XFER_SEND_SYNC, .streamed = true};
+    slime_status_t st = kind == XFER_RECV ? slime_recv(ep, buf, len, tag, q) : p2p_send(ep, buf, len, tag, &so, q);
     return slot_posted(r, h, st);
 }
 

@@ -53,8 +53,8 @@ struct slime_req {
     size_t esize;
     /* recv_opts_t.cold */
     bool cold;
-    /* a send by rendezvous whatever its size (p2p_send_sync) */
-    bool sync;
+    /* send_opts_t (p2p_send) */
+    bool sync, streamed;
     slime_mr_t *local_mr;       /* RMA: the local region, pinned */
     /* batches */
     slime_req_t *parent;

@@ -158,10 +158,10 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
     }
 }
 
-/* ro: a receive's options (ep_recv_opts), else NULL; sync: a send by
- * rendezvous (p2p_send_sync) */
+/* ro: a receive's options (p2p_recv), so a send's (p2p_send); either
+ * may be NULL */
 static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_ep_t *ep, const recv_opts_t *ro,
-                                  bool sync, slime_req_t **out) {
+                                  const send_opts_t *so, slime_req_t **out) {
     if (out) *out = NULL;
     if (!out) return slime_errorf(SLIME_ERR_INVAL, "%s: NULL request pointer", op_name(op->kind));
     pthread_mutex_lock(&ctx->lock);
@@ -179,7 +179,10 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
             req->esize = ro->esize;
             req->cold = ro->cold;
         }
-        req->sync = sync;
+        if (so) {
+            req->sync = so->sync;
+            req->streamed = so->streamed;
+        }
         op_post(ctx, op, &d, req);
     }
     pthread_mutex_unlock(&ctx->lock);
@@ -196,7 +199,7 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
 }
 
 static slime_status_t post_one(slime_ctx_t *ctx, const slime_op_t *op, slime_ep_t *ep, slime_req_t **out) {
-    return post_one_ex(ctx, op, ep, NULL, false, out);
+    return post_one_ex(ctx, op, ep, NULL, NULL, out);
 }
 
 slime_status_t slime_send(slime_ep_t *ep, const void *buf, size_t len, uint64_t tag, slime_req_t **out) {
@@ -205,10 +208,11 @@ slime_status_t slime_send(slime_ep_t *ep, const void *buf, size_t len, uint64_t 
     return post_one(ep->ctx, &op, ep, out);
 }
 
-slime_status_t p2p_send_sync(slime_ep_t *ep, const void *buf, size_t len, uint64_t tag, slime_req_t **out) {
+slime_status_t p2p_send(slime_ep_t *ep, const void *buf, size_t len, uint64_t tag, const send_opts_t *o,
+                        slime_req_t **out) {
     if (!ep) return slime_errorf(SLIME_ERR_INVAL, "send: NULL endpoint");
     slime_op_t op = {.kind = SLIME_OP_SEND, .ep = ep, .buf = (void *)buf, .len = len, .tag = tag};
-    return post_one_ex(ep->ctx, &op, ep, NULL, true, out);
+    return post_one_ex(ep->ctx, &op, ep, NULL, o, out);
 }
 
 slime_status_t slime_recv(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, slime_req_t **out) {
@@ -223,7 +227,7 @@ slime_status_t ep_recv_opts(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag,
     if (o->combine && (o->esize == 0 || o->esize > sizeof ep->rx.carry))
         return slime_errorf(SLIME_ERR_INVAL, "recv: bad combining function (element of %zu bytes)", o->esize);
     slime_op_t op = {.kind = SLIME_OP_RECV, .ep = ep, .buf = buf, .len = cap, .tag = tag};
-    return post_one_ex(ep->ctx, &op, ep, o, false, out);
+    return post_one_ex(ep->ctx, &op, ep, o, NULL, out);
 }
 
 slime_status_t slime_recv_any(slime_ctx_t *ctx, void *buf, size_t cap, uint64_t tag, slime_req_t **out) {

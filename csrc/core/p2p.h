@@ -51,14 +51,24 @@ typedef struct recv_opts {
 slime_status_t p2p_recv(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, const recv_opts_t *o,
                         slime_req_t **out);
 
-/* slime_send that completes only once the receiver has taken the bytes:
- * it goes by rendezvous whatever its size (MPI's synchronous send).  For
- * a sender that would otherwise run ahead of its receiver, as a
- * broadcast's root in a loop does: a message that comes before its
- * receive is copied twice (into a buffer of the receiver's, then out),
- * where a rendezvous copies it once, and the receiver then drains a
- * backlog instead of taking each message as it comes. */
-slime_status_t p2p_send_sync(slime_ep_t *ep, const void *buf, size_t len, uint64_t tag, slime_req_t **out);
+typedef struct send_opts {
+    /* complete only once the receiver has taken the bytes: by rendezvous
+     * whatever the size (MPI's synchronous send).  For a sender that
+     * would otherwise run ahead of its receiver, as a broadcast's root in
+     * a loop does: a message that comes before its receive is copied
+     * twice (into a buffer of the receiver's, then out), where a
+     * rendezvous copies it once, and the receiver then drains a backlog
+     * instead of taking each message as it comes. */
+    bool sync;
+    /* the bytes go by the connection's stream even where the receiver
+     * could fetch them from our memory (shm_fetch.c): a collective's
+     * chunk, whose pipeline keeps both ends copying anyway */
+    bool streamed;
+} send_opts_t;
+
+/* slime_send with the options o. */
+slime_status_t p2p_send(slime_ep_t *ep, const void *buf, size_t len, uint64_t tag, const send_opts_t *o,
+                        slime_req_t **out);
 
 /* ---- requests and waiting ---- */
 /* SLIME_INPROGRESS or the final status, with no side effect: unlike

@@ -143,6 +143,7 @@ static const int_constant_t int_constants[] = {
     {"COUNTER_PARKED", SLIME_COUNTER_PARKED},
     {"COUNTER_BOX_OPS", SLIME_COUNTER_BOX_OPS},
     {"COUNTER_DOORBELLS", SLIME_COUNTER_DOORBELLS},
+    {"COUNTER_SHM_FETCHES", SLIME_COUNTER_SHM_FETCHES},
 };
 
 static int add_types(PyObject *module)

@@ -22,6 +22,7 @@
 typedef struct shm_ctx {
     int listen_fd;
     atomic_uint_fast64_t doorbells; /* SLIME_COUNTER_DOORBELLS */
+    atomic_uint_fast64_t fetches;   /* SLIME_COUNTER_SHM_FETCHES */
 } shm_ctx_t;
 
 /* Not opened while another transport is forced: nothing would dial it. */
@@ -31,6 +32,7 @@ static slime_status_t shm_ctx_open(slime_ctx_t *ctx, const slime_ctx_opts_t *opt
     shm_ctx_t *s = malloc(sizeof *s);
     if (!s) return slime_errorf(SLIME_ERR_NOMEM, "shm listener");
     atomic_init(&s->doorbells, 0);
+    atomic_init(&s->fetches, 0);
     slime_status_t st = shm_listen(ctx->id, &s->listen_fd);
     if (st != SLIME_OK) {
         free(s);
@@ -63,9 +65,16 @@ void shm_count_doorbell(slime_ctx_t *ctx) {
     if (s) atomic_fetch_add_explicit(&s->doorbells, 1, memory_order_relaxed);
 }
 
+void shm_count_fetch(slime_ctx_t *ctx) {
+    shm_ctx_t *s = ctx_tp_state(ctx, WIRE_TRANSPORT_SHM);
+    if (s) atomic_fetch_add_explicit(&s->fetches, 1, memory_order_relaxed);
+}
+
 static uint64_t shm_counter(const void *state, slime_counter_t which) {
     const shm_ctx_t *s = state;
-    return which == SLIME_COUNTER_DOORBELLS ? atomic_load(&s->doorbells) : 0;
+    return which == SLIME_COUNTER_DOORBELLS    ? atomic_load(&s->doorbells)
+           : which == SLIME_COUNTER_SHM_FETCHES ? atomic_load(&s->fetches)
+                                                : 0;
 }
 
 static bool shm_accept(slime_ctx_t *ctx, void *state) {
@@ -137,6 +146,7 @@ shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, uint64_t ring, 
     c->cma_max = env_size("DLSLIME_SHM_CMA_MAX", CMA_MAX);
     /* DLSLIME_SHM_MAP=0: CMA even for the peer's shared blocks (to compare) */
     c->map = c->cma && !env_off("DLSLIME_SHM_MAP") ? peermap_new(c->peer_pid, peer) : NULL;
+    shm_fetch_init(c);
     return c;
 }
 
@@ -167,6 +177,8 @@ const transport_ops_t slime_shm_transport = {
     .name = "shm",
     .wire = WIRE_TRANSPORT_SHM,
     .caps = TP_CAP_POLLED | TP_CAP_CPU_RMA,
+    .rndv_offer = shm_rndv_offer,
+    .rndv_fetch = shm_rndv_fetch,
     .eager_env = "DLSLIME_EAGER_SHM",
     .eager_default = SHM_EAGER,
     .absent = "is not on this host",

@@ -81,6 +81,10 @@ typedef struct shm_conn {
     int peer_pid;
     bool cma;
     size_t cma_max;                           /* larger unmapped ops go by the rings */
+    /* whether our rendezvous offer the receiver a fetch (shm_fetch.c) */
+    enum { SHM_FETCH_NEVER, SHM_FETCH_CROWDED, SHM_FETCH_ALWAYS } fetch;
+    size_t fetch_max;
+    int cpus;                                 /* in our affinity mask at connect */
     peermap_t *map;                           /* the peer's shared blocks mapped here */
     bool hung_up;                             /* its socket said so; the ring may still hold bytes */
 } shm_conn_t;
@@ -88,6 +92,8 @@ typedef struct shm_conn {
 /* shm.c */
 /* One more doorbell rung (SLIME_COUNTER_DOORBELLS). */
 void shm_count_doorbell(slime_ctx_t *ctx);
+/* One more rendezvous fetched (SLIME_COUNTER_SHM_FETCHES). */
+void shm_count_fetch(slime_ctx_t *ctx);
 /* The pid of the process at the other end of a unix socket, or 0. */
 int shm_peer_pid(int sock);
 /* fd mapped shared, read-write; NULL on failure. */
@@ -120,6 +126,12 @@ bool shm_has_work(slime_ep_t *ep);
 void shm_fd_event(slime_ep_t *ep, uint32_t events);
 /* memcpy with non-temporal stores (past the cache). */
 void shm_copy_stream(uint8_t *dst, const uint8_t *src, size_t n);
+
+/* shm_fetch.c: rendezvous the receiver fetches by CMA */
+void shm_fetch_init(shm_conn_t *c);
+void shm_rndv_offer(slime_ep_t *ep, slime_req_t *send, frame_t *rts);
+slime_status_t shm_rndv_fetch(slime_ep_t *ep, slime_req_t *recv, uint64_t sreq, uint64_t raddr, uint32_t rkey,
+                              uint64_t len);
 
 /* shm_box.c */
 int shm_box_slots(slime_ep_t *ep);

@@ -178,6 +178,10 @@ typedef enum slime_counter {
     /* wake-ups this context sent a peer on its host because no thread
      * of the peer's polled nor had lately (a syscall each: shm) */
     SLIME_COUNTER_DOORBELLS = 7,
+    /* shm rendezvous this context received by copying them out of the
+     * sender's memory (CMA) instead of through the rings: on a host with
+     * more of our processes than cores (DLSLIME_SHM_FETCH) */
+    SLIME_COUNTER_SHM_FETCHES = 8,
 } slime_counter_t;
 /* The counter's value; 0 for an unknown counter. */
 SLIME_API uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which);

@@ -1,0 +1,134 @@
+/*
+ * test_shm_fetch.c - shm rendezvous the receiver fetches by CMA
+ * (transport/shm_fetch.c).  Both ranks use shm whatever the environment
+ * forces.  DLSLIME_SHM_FETCH=1 fetches on any host; the default only on
+ * a crowded one, which the test makes by confining both ranks to one
+ * core.  Each case moves rendezvous both ways, with the receive posted
+ * before and after the announcement, checks every byte, and counts what
+ * this rank fetched (SLIME_COUNTER_SHM_FETCHES).
+ */
+#include "harness.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TAG 50
+
+/* Past the eager limit (256 KiB); the last is the default fetch limit
+ * (4 MiB), which is still fetched. */
+static const size_t sizes[] = {300 * H_KIB, H_MIB + 3, 4 * H_MIB};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+
+static slime_ctx_t *shm_ctx(h_rank_t *r, const char *mode, slime_ep_t **ep) {
+    if (mode) H_CHECK(setenv("DLSLIME_SHM_FETCH", mode, 1) == 0);
+    else H_CHECK(unsetenv("DLSLIME_SHM_FETCH") == 0);
+    slime_ctx_opts_t opts;
+    slime_ctx_opts_init(&opts);
+    opts.transport = "shm";
+    slime_ctx_t *ctx = h_ctx_create(&opts);
+    slime_ep_t *eps[H_MAX_RANKS] = {NULL};
+    h_connect_all(r, ctx, eps);
+    *ep = eps[h_peer(r)];
+    H_CHECK(strcmp(slime_ep_transport(*ep), "shm") == 0);
+    return ctx;
+}
+
+/* Moves every size both ways; returns this rank's fetches. */
+static uint64_t exchange(h_rank_t *r, const char *mode) {
+    slime_ep_t *ep = NULL;
+    slime_ctx_t *ctx = shm_ctx(r, mode, &ep);
+    h_rendezvous_both_ways(r, ep, sizes, NSIZES, TAG);
+    uint64_t fetched = slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES);
+    slime_ctx_destroy(ctx);
+    return fetched;
+}
+
+/* Asked for, every rendezvous is fetched by its receiver. */
+static void case_fetched(h_rank_t *r) {
+    H_CHECK_EQ(exchange(r, "1"), NSIZES);
+}
+
+/* Past DLSLIME_SHM_FETCH_MAX a rendezvous takes the rings: of the sizes,
+ * only the first is fetched. */
+static void case_limit(h_rank_t *r) {
+    H_CHECK(setenv("DLSLIME_SHM_FETCH_MAX", "1M", 1) == 0);
+    H_CHECK_EQ(exchange(r, "1"), 1);
+}
+
+/* Switched off, nothing is fetched. */
+static void case_off(h_rank_t *r) {
+    H_CHECK_EQ(exchange(r, "0"), 0);
+}
+
+/* The default, with a core for each rank: the rings carry everything. */
+static void case_roomy(h_rank_t *r) {
+    cpu_set_t set;
+    H_CHECK(sched_getaffinity(0, sizeof set, &set) == 0);
+    int cpus = CPU_COUNT(&set);
+    h_ctl_send_u64(r, h_peer(r), (uint64_t)cpus);
+    if (cpus < 2 || h_ctl_recv_u64(r, h_peer(r)) < 2) {
+        h_log("not run: a rank has a single core, which is a crowded host");
+        return;
+    }
+    H_CHECK_EQ(exchange(r, NULL), 0);
+}
+
+/* The default on a crowded host (both ranks on one core): every
+ * rendezvous is fetched. */
+static void case_crowded(h_rank_t *r) {
+    cpu_set_t set, one;
+    H_CHECK(sched_getaffinity(0, sizeof set, &set) == 0);
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    H_CHECK(sched_setaffinity(0, sizeof one, &one) == 0);
+    H_CHECK_EQ(exchange(r, NULL), NSIZES);
+}
+
+/* A receiver the kernel refuses CMA still gets every byte of an offered
+ * rendezvous (by a plain CTS and the rings); its peer, which may read
+ * it, fetches as before. */
+static void case_refused(h_rank_t *r) {
+    if (r->rank == 1) h_refuse_cma();
+    H_CHECK_EQ(exchange(r, "1"), r->rank == 1 ? 0 : NSIZES);
+}
+
+/* A collective's chunks keep to the rings even where a fetch is asked
+ * for (send_opts_t.streamed): a 2-rank all_reduce of 16 MiB, whose 512
+ * KiB chunks go by rendezvous, fetches nothing and sums right. */
+static void case_collective(h_rank_t *r) {
+    slime_ep_t *ep = NULL;
+    slime_ctx_t *ctx = shm_ctx(r, "1", &ep);
+    slime_ep_t *peers[2] = {NULL, NULL};
+    peers[h_peer(r)] = ep;
+    slime_comm_t *comm = NULL;
+    H_CHECK_OK(slime_comm_create(ctx, 7, 1, r->rank, 2, peers, H_WAIT_MS, &comm));
+    h_barrier(r);
+    const size_t n = 4 * H_MIB; /* floats: 16 MiB */
+    float *buf = h_alloc(n * sizeof *buf);
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(i % 1021) + (float)r->rank;
+    slime_req_t *req = NULL;
+    H_CHECK_OK(slime_allreduce(comm, buf, n, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != 2.0f * (float)(i % 1021) + 1.0f) H_CHECK_EQ(i, n); /* names the first wrong one */
+    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 0);
+    free(buf);
+    slime_comm_destroy(comm);
+    h_barrier(r);
+    slime_ctx_destroy(ctx);
+}
+
+int main(int argc, char **argv) {
+    static const h_case_t cases[] = {
+        {"fetched", case_fetched, 2, true, 0},     {"limit", case_limit, 2, true, 0},
+        {"off", case_off, 2, true, 0},             {"roomy", case_roomy, 2, true, 0},
+        {"crowded", case_crowded, 2, true, 0},     {"refused", case_refused, 2, true, 0},
+        {"collective", case_collective, 2, true, 0},
+    };
+    return h_main("test_shm_fetch", cases, sizeof cases / sizeof cases[0], argc, argv);
+}
