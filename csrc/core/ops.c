@@ -158,7 +158,7 @@ static void op_post(slime_ctx_t *ctx, const slime_op_t *op, const wire_desc_t *d
     }
 }
 
-/* ro: a receive's options (p2p_recv), so a send's (p2p_send); either
+/* ro: a receive's options (p2p_recv), so: a send's (p2p_send); either
  * may be NULL */
 static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_ep_t *ep, const recv_opts_t *ro,
                                   const send_opts_t *so, slime_req_t **out) {
