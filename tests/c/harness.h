@@ -166,16 +166,26 @@ void h_connect_all(h_rank_t *r, slime_ctx_t *ctx, slime_ep_t **eps);
 /* Rank 0 only: SIGKILLs rank k; the supervisor reaps it. */
 void h_kill_rank(h_rank_t *r, int k);
 
+/* ---- fetched rendezvous (harness_rndv.c, harness_seccomp.c) ------ */
+
+/* A context of its own on `transport`, made with $env set to mode
+ * (unset when mode is NULL) and connected to the other rank; *ep is the
+ * endpoint to it, checked to be of that transport. */
+slime_ctx_t *h_pair_ctx(h_rank_t *r, const char *transport, const char *env, const char *mode, slime_ep_t **ep);
+/* Sends each of the n sizes from rank 0 to rank 1 and back over ep
+ * (tags tag + i), receives posted before and after their announcement,
+ * every byte checked; ends with a barrier. */
+void h_rendezvous_both_ways(h_rank_t *r, slime_ep_t *ep, const size_t *sizes, size_t n, uint64_t tag);
+/* h_rendezvous_both_ways on a fresh h_pair_ctx, which it then destroys;
+ * returns that context's counter `which` as it stood at the end. */
+uint64_t h_rendezvous_counted(h_rank_t *r, const char *transport, const char *env, const char *mode,
+                              const size_t *sizes, size_t n, uint64_t tag, slime_counter_t which);
+/* process_vm_readv fails with EPERM in this process from now on. */
+void h_refuse_cma(void);
+
 /* ---- memory -------------------------------------------------------- */
 
 /* Zeroed memory; fails the case if none. */
-/* Sends each of the n sizes from rank 0 to rank 1 and back over ep
- * (tags tag + i), receives posted before and after their announcement,
- * every byte checked (harness_rndv.c); ends with a barrier. */
-void h_rendezvous_both_ways(h_rank_t *r, slime_ep_t *ep, const size_t *sizes, size_t n, uint64_t tag);
-/* process_vm_readv fails with EPERM in this process from now on
- * (harness_seccomp.c). */
-void h_refuse_cma(void);
 void *h_alloc(size_t len);
 slime_mr_t *h_mr_reg(slime_ctx_t *ctx, void *addr, size_t len,
                      unsigned access);

@@ -1,8 +1,8 @@
 /*
  * harness_rndv.c - rendezvous moved both ways between two ranks, with
  * the receive posted before the announcement and after it, every byte
- * checked: what the tests of fetched rendezvous (tcp_cma, shm_fetch)
- * share.
+ * checked, on a context made for the purpose: what the tests of fetched
+ * rendezvous (tcp_cma, shm_fetch) share.
  */
 #include "harness.h"
 
@@ -44,4 +44,28 @@ void h_rendezvous_both_ways(h_rank_t *r, slime_ep_t *ep, const size_t *sizes, si
     one_way(r, ep, 1, buf, sizes, n, tag);
     h_barrier(r);
     free(buf);
+}
+
+slime_ctx_t *h_pair_ctx(h_rank_t *r, const char *transport, const char *env, const char *mode, slime_ep_t **ep) {
+    if (mode) H_CHECK(setenv(env, mode, 1) == 0);
+    else H_CHECK(unsetenv(env) == 0);
+    slime_ctx_opts_t opts;
+    slime_ctx_opts_init(&opts);
+    opts.transport = transport;
+    slime_ctx_t *ctx = h_ctx_create(&opts);
+    slime_ep_t *eps[H_MAX_RANKS] = {NULL};
+    h_connect_all(r, ctx, eps);
+    *ep = eps[h_peer(r)];
+    H_CHECK(strcmp(slime_ep_transport(*ep), transport) == 0);
+    return ctx;
+}
+
+uint64_t h_rendezvous_counted(h_rank_t *r, const char *transport, const char *env, const char *mode,
+                              const size_t *sizes, size_t n, uint64_t tag, slime_counter_t which) {
+    slime_ep_t *ep = NULL;
+    slime_ctx_t *ctx = h_pair_ctx(r, transport, env, mode, &ep);
+    h_rendezvous_both_ways(r, ep, sizes, n, tag);
+    uint64_t count = slime_ctx_counter(ctx, which);
+    slime_ctx_destroy(ctx);
+    return count;
 }

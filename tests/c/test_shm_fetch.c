@@ -11,7 +11,6 @@
 
 #include <sched.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define TAG 50
 
@@ -20,28 +19,9 @@
 static const size_t sizes[] = {300 * H_KIB, H_MIB + 3, 4 * H_MIB};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 
-static slime_ctx_t *shm_ctx(h_rank_t *r, const char *mode, slime_ep_t **ep) {
-    if (mode) H_CHECK(setenv("DLSLIME_SHM_FETCH", mode, 1) == 0);
-    else H_CHECK(unsetenv("DLSLIME_SHM_FETCH") == 0);
-    slime_ctx_opts_t opts;
-    slime_ctx_opts_init(&opts);
-    opts.transport = "shm";
-    slime_ctx_t *ctx = h_ctx_create(&opts);
-    slime_ep_t *eps[H_MAX_RANKS] = {NULL};
-    h_connect_all(r, ctx, eps);
-    *ep = eps[h_peer(r)];
-    H_CHECK(strcmp(slime_ep_transport(*ep), "shm") == 0);
-    return ctx;
-}
-
-/* Moves every size both ways; returns this rank's fetches. */
+/* Moves every size both ways over shm; returns this rank's fetches. */
 static uint64_t exchange(h_rank_t *r, const char *mode) {
-    slime_ep_t *ep = NULL;
-    slime_ctx_t *ctx = shm_ctx(r, mode, &ep);
-    h_rendezvous_both_ways(r, ep, sizes, NSIZES, TAG);
-    uint64_t fetched = slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES);
-    slime_ctx_destroy(ctx);
-    return fetched;
+    return h_rendezvous_counted(r, "shm", "DLSLIME_SHM_FETCH", mode, sizes, NSIZES, TAG, SLIME_COUNTER_SHM_FETCHES);
 }
 
 /* Asked for, every rendezvous is fetched by its receiver. */
@@ -102,7 +82,7 @@ static void case_refused(h_rank_t *r) {
  * KiB chunks go by rendezvous, fetches nothing and sums right. */
 static void case_collective(h_rank_t *r) {
     slime_ep_t *ep = NULL;
-    slime_ctx_t *ctx = shm_ctx(r, "1", &ep);
+    slime_ctx_t *ctx = h_pair_ctx(r, "shm", "DLSLIME_SHM_FETCH", "1", &ep);
     slime_ep_t *peers[2] = {NULL, NULL};
     peers[h_peer(r)] = ep;
     slime_comm_t *comm = NULL;

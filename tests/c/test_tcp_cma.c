@@ -24,27 +24,10 @@
 static const size_t sizes[] = {300 * H_KIB, 4 * H_MIB + 3, 17 * H_MIB};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 
-static slime_ep_t *tcp_pair(h_rank_t *r, const char *mode, slime_ctx_t **ctx) {
-    if (mode) H_CHECK(setenv("DLSLIME_TCP_CMA", mode, 1) == 0);
-    else H_CHECK(unsetenv("DLSLIME_TCP_CMA") == 0);
-    slime_ctx_opts_t opts;
-    slime_ctx_opts_init(&opts);
-    opts.transport = "tcp";
-    *ctx = h_ctx_create(&opts);
-    slime_ep_t *eps[H_MAX_RANKS] = {NULL};
-    h_connect_all(r, *ctx, eps);
-    return eps[h_peer(r)];
-}
-
-/* Moves every size both ways; returns this rank's CMA fetches. */
+/* Moves every size both ways over tcp; returns this rank's CMA fetches. */
 static uint64_t exchange(h_rank_t *r, const char *mode) {
-    slime_ctx_t *ctx = NULL;
-    slime_ep_t *ep = tcp_pair(r, mode, &ctx);
-    H_CHECK(strcmp(slime_ep_transport(ep), "tcp") == 0);
-    h_rendezvous_both_ways(r, ep, sizes, NSIZES, TAG);
-    uint64_t fetched = slime_ctx_counter(ctx, SLIME_COUNTER_TCP_CMA_FETCHES);
-    slime_ctx_destroy(ctx);
-    return fetched;
+    return h_rendezvous_counted(r, "tcp", "DLSLIME_TCP_CMA", mode, sizes, NSIZES, TAG,
+                                SLIME_COUNTER_TCP_CMA_FETCHES);
 }
 
 /* Proven local, every rendezvous is fetched by its receiver. */
