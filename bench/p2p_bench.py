@@ -90,8 +90,12 @@ def choose_sizes(args) -> list[int]:
 
 def build_binary() -> Path:
     build = REPO / "build"
-    if not (build / "build.ninja").exists():
-        run_checked(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja"], "configuring")
+    cache = build / "CMakeCache.txt"
+    # setup.py configures build/ without the benchmarks; switch them on
+    # there, keeping its other options
+    if not (build / "build.ninja").exists() or "DLSLIME_BENCH:BOOL=ON" not in cache.read_text():
+        run_checked(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", "-DDLSLIME_BENCH=ON"],
+                    "configuring")
     run_checked(["ninja", "-C", str(build), "p2p_bench"], "building p2p_bench")
     return build / "p2p_bench"
 
