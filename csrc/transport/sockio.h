@@ -17,8 +17,9 @@ slime_status_t sock_sendmsg_all(int fd, struct msghdr *msg, uint64_t deadline_ns
 slime_status_t sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns);
 void sock_set_nonblock(int fd);
 
-/* TCP_NODELAY, and keepalive so a host that vanishes without a FIN is
- * noticed within seconds. */
+/* TCP_NODELAY, keepalive so a host that vanishes without a FIN is
+ * noticed within seconds, and to a peer on this host a fixed send buffer
+ * (DLSLIME_TCP_SNDBUF, 256 KiB; 0: the kernel's autotuning). */
 void sock_tune_tcp(int fd);
 /* Connects a non-blocking tcp socket to host:port (IPv4, network order)
  * by deadline and tunes it; `who` prefixes the error text. */

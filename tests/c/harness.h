@@ -182,6 +182,10 @@ uint64_t h_rendezvous_counted(h_rank_t *r, const char *transport, const char *en
                               const size_t *sizes, size_t n, uint64_t tag, slime_counter_t which);
 /* process_vm_readv fails with EPERM in this process from now on. */
 void h_refuse_cma(void);
+/* Puts each rank in a network namespace of its own, joined by a veth
+ * pair (10.215.0.1 and .2), and makes it listen on its end; false on
+ * both ranks when either could not (not root: said in the log). */
+bool h_own_netns(h_rank_t *r);
 
 /* ---- memory -------------------------------------------------------- */
 

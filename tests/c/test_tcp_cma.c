@@ -57,42 +57,9 @@ static void case_refused(h_rank_t *r) {
     H_CHECK_EQ(exchange(r, "1"), 0);
 }
 
-/* Runs a shell command; false (logged) if it failed. */
-static bool sh(const char *cmd) {
-    int st = system(cmd);
-    if (st != 0) h_log("'%s' failed (%d)", cmd, st);
-    return st == 0;
-}
-
-/* Puts each rank in a network namespace of its own, joined by a veth
- * pair (10.215.0.1 and .2), and makes it listen on its end; false on
- * both ranks when either could not. */
-static bool own_netns(h_rank_t *r) {
-    const int peer = h_peer(r);
-    char cmd[256];
-    bool ok = geteuid() == 0 && unshare(CLONE_NEWNET) == 0;
-    if (!ok) h_log("no network namespace here (%s)", geteuid() ? "not root" : strerror(errno));
-    h_ctl_send_u64(r, peer, ok ? (uint64_t)getpid() : 0);
-    uint64_t peer_pid = h_ctl_recv_u64(r, peer);
-    if (!ok || !peer_pid) return false;
-    if (r->rank == 0) {
-        snprintf(cmd, sizeof cmd, "ip link add tcmv0 netns %d type veth peer name tcmv1 netns %llu",
-                 (int)getpid(), (unsigned long long)peer_pid);
-        ok = sh(cmd);
-    }
-    h_barrier(r);
-    snprintf(cmd, sizeof cmd, "ip addr add 10.215.0.%d/30 dev tcmv%d && ip link set tcmv%d up", r->rank + 1,
-             r->rank, r->rank);
-    ok = ok && sh(cmd);
-    snprintf(cmd, sizeof cmd, "10.215.0.%d", r->rank + 1);
-    H_CHECK(setenv("DLSLIME_HOST", cmd, 1) == 0);
-    h_ctl_send_u64(r, peer, ok);
-    return h_ctl_recv_u64(r, peer) && ok;
-}
-
 /* The default: peers in two network namespaces fetch every rendezvous. */
 static void case_netns(h_rank_t *r) {
-    if (!own_netns(r)) {
+    if (!h_own_netns(r)) {
         h_log("not run: two network namespaces cannot be made here");
         return;
     }
