@@ -16,9 +16,10 @@
  * a link chooses and says so first (link_hello_t), so both ends always
  * agree; DLSLIME_COLL_CMA=0 turns it off.  Below the size where reads
  * may be taken (links_setup) no hello is sent.  Since the shm stream got
- * larger rings and streaming stores it is the faster way on two cores,
- * so reads are only taken from $DLSLIME_COLL_CMA_MIN bytes, unset by
- * default (see coll_cma_min_bytes()).
+ * larger rings and streaming stores it is the faster way on two cores
+ * for reducing rings, so those only read from $DLSLIME_COLL_CMA_MIN
+ * bytes, unset by default; copying rings read from 128 KiB (see
+ * coll_cma_min_bytes() and coll_cma_copy_min_bytes()).
  *
  * A chunk may be overwritten by the next step's data only after its
  * reader is done with it.  That holds by causality: the value that will
@@ -260,19 +261,30 @@ static slime_status_t blocks_reg(ring_state_t *g, unsigned access, slime_mr_desc
     return SLIME_OK;
 }
 
+/* The size from which an in-place plan's links may read (the same on
+ * every rank); SIZE_MAX for other plans. */
+static size_t reads_min_bytes(const ring_plan_t *p) {
+    if (p->mode != RING_INPLACE) return SIZE_MAX;
+    return p->reduce_steps > 0 ? coll_cma_min_bytes() : coll_cma_copy_min_bytes();
+}
+
 /* Agrees with both neighbours on how each link moves chunks.  Below
- * coll_cma_min_bytes() (the same on every rank) both ends know that no
- * link reads, so they exchange nothing: a hello round trip cost every
- * ring collective a small message's latency and a meeting of the
- * neighbours before the first chunk could move. */
+ * reads_min_bytes() both ends know that no link reads, so they exchange
+ * nothing: a hello round trip cost every ring collective a small
+ * message's latency and a meeting of the neighbours before the first
+ * chunk could move. */
 static bool links_setup(ring_state_t *g) {
     const ring_plan_t *p = g->p;
     coll_run_t *r = g->r;
     g->done_h = -1;
     for (int k = 0; k < RING_WINDOW; k++) g->reads[k] = -1;
     size_t bytes = p->total * p->esize;
-    if (p->mode != RING_INPLACE || bytes < coll_cma_min_bytes()) return true;
-    if (cma_allowed() && link_reads_by_cpu(g, g->right)) {
+    if (bytes < reads_min_bytes(p)) return true;
+    /* a hello goes only over a link whose ends may read (shm): both ends
+     * see the same transport, so over tcp neither waits for one */
+    bool out_may = link_reads_by_cpu(g, g->right), in_may = link_reads_by_cpu(g, g->left);
+    if (!out_may && !in_may) return true;
+    if (out_may && cma_allowed()) {
         if (blocks_reg(g, SLIME_ACCESS_REMOTE_READ, g->hello_out->desc) == SLIME_OK)
             g->hello_out->by_read = 1;
         else
@@ -281,12 +293,13 @@ static bool links_setup(ring_state_t *g) {
     g->read_out = g->hello_out->by_read == 1;
     const char *phase = r->phase;
     r->phase = "ring set-up";
-    int h_in = run_recv(r, g->left, STEP_HELLO, g->hello_in, g->hello_len);
-    if (h_in < 0 || run_send(r, g->right, STEP_HELLO, g->hello_out, g->hello_len) < 0) return false;
+    int h_in = -1;
+    if (in_may && (h_in = run_recv(r, g->left, STEP_HELLO, g->hello_in, g->hello_len)) < 0) return false;
+    if (out_may && run_send(r, g->right, STEP_HELLO, g->hello_out, g->hello_len) < 0) return false;
     if (g->read_out && (g->done_h = run_recv(r, g->right, STEP_DONE, NULL, 0)) < 0) return false;
-    if (!run_wait_one(r, h_in)) return false;
+    if (in_may && !run_wait_one(r, h_in)) return false;
     r->phase = phase;
-    g->read_in = g->hello_in->by_read == 1;
+    g->read_in = in_may && g->hello_in->by_read == 1;
     if (!g->read_in) return true;
     /* reads land in the blocks or in registered scratch */
     if (!g->read_out) {
@@ -347,7 +360,7 @@ static bool ring_alloc(ring_state_t *g) {
      * chunks: larger ones where the links may read (one syscall and
      * one page walk per chunk) */
     size_t chunk = coll_chunk_bytes();
-    if (p->mode == RING_INPLACE && p->total * p->esize >= coll_cma_min_bytes()) chunk *= 2;
+    if (p->total * p->esize >= reads_min_bytes(p)) chunk *= 2;
     g->ce = chunk / p->esize;
     if (g->ce == 0) g->ce = 1;
     g->kmax = (p->total / (size_t)g->n + 1 + g->ce - 1) / g->ce;

@@ -38,6 +38,19 @@ size_t coll_cma_min_bytes(void) {
     return knob_get(&k, "DLSLIME_COLL_CMA_MIN", SIZE_MAX, 0);
 }
 
+/* A ring that only copies (allgather) reads each block straight into
+ * its place: one copy where the stream makes two, and no reduction for
+ * the stream's pipelining to hide.  p2p_bench allgather, 2 ranks, the
+ * stream and reads alternating (medians of 3, avg us): 128 KiB 9.0 ->
+ * 7.4, 256 KiB 20.2 -> 10.3, 1 MiB 94.4 -> 24.8, 4 MiB 398 -> 201,
+ * 256 MiB 30794 -> 26280; 64 KiB 5.0 -> 6.0, so not below 128 KiB.
+ * (On the 2-core machine of the reducing rings' measurement above,
+ * allgather was level either way.) */
+size_t coll_cma_copy_min_bytes(void) {
+    static knob_t k;
+    return knob_get(&k, "DLSLIME_COLL_CMA_COPY_MIN", 128 * 1024, 0);
+}
+
 size_t coll_small_bytes(void) {
     static knob_t k;
     return knob_get(&k, "DLSLIME_COLL_SMALL", 64 * 1024, 0);
