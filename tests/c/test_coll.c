@@ -64,6 +64,7 @@ static void matrix_small_chunks(h_rank_t *r)
     slime_comm_destroy(comm);
     setenv("DLSLIME_COLL_CHUNK", "8192", 1);
     setenv("DLSLIME_COLL_CMA_MIN", "65536", 1);
+    setenv("DLSLIME_COLL_CMA_COPY_MIN", "65536", 1);
     matrix_run(r, false);
 }
 

@@ -329,6 +329,7 @@ static void peer_killed_reads(h_rank_t *r)
 {
     setenv("DLSLIME_COLL_CHUNK", "16384", 1);
     setenv("DLSLIME_COLL_CMA_MIN", "65536", 1);
+    setenv("DLSLIME_COLL_CMA_COPY_MIN", "65536", 1);
     peer_killed(r);
 }
 

@@ -103,6 +103,7 @@ static void small_chunks(h_rank_t *r)
 {
     setenv("DLSLIME_COLL_CHUNK", "4096", 1);
     setenv("DLSLIME_COLL_CMA_MIN", "16384", 1);
+    setenv("DLSLIME_COLL_CMA_COPY_MIN", "16384", 1);
     allgather(r);
     broadcast(r);
 }

@@ -118,6 +118,7 @@ static void reduce_small_chunks(h_rank_t *r)
 {
     setenv("DLSLIME_COLL_CHUNK", "8192", 1);
     setenv("DLSLIME_COLL_CMA_MIN", "65536", 1);
+    setenv("DLSLIME_COLL_CMA_COPY_MIN", "65536", 1);
     reduce_matrix_run(r, false);
 }
 
