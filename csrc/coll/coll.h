@@ -336,9 +336,9 @@ size_t coll_sync_bytes(void);
 int coll_cpus(void);
 /* In-place rings of at least this many bytes may move chunks by
  * one-sided reads, in chunks twice as large: reducing ones (all_reduce)
- * from $DLSLIME_COLL_CMA_MIN (default: never), copying ones (allgather)
- * from $DLSLIME_COLL_CMA_COPY_MIN (128 KiB).  These knobs must be the
- * same on every rank. */
+ * from $DLSLIME_COLL_CMA_MIN (1 MiB), copying ones (allgather) from
+ * $DLSLIME_COLL_CMA_COPY_MIN (128 KiB).  These knobs must be the same on
+ * every rank. */
 size_t coll_cma_min_bytes(void);
 size_t coll_cma_copy_min_bytes(void);
 

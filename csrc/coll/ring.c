@@ -15,11 +15,9 @@
  * instead of one into the shared ring and one out of it).  The sender of
  * a link chooses and says so first (link_hello_t), so both ends always
  * agree; DLSLIME_COLL_CMA=0 turns it off.  Below the size where reads
- * may be taken (links_setup) no hello is sent.  Since the shm stream got
- * larger rings and streaming stores it is the faster way on two cores
- * for reducing rings, so those only read from $DLSLIME_COLL_CMA_MIN
- * bytes, unset by default; copying rings read from 128 KiB (see
- * coll_cma_min_bytes() and coll_cma_copy_min_bytes()).
+ * may be taken (links_setup) no hello is sent: 1 MiB for reducing
+ * rings, 128 KiB for copying ones (coll_cma_min_bytes() and
+ * coll_cma_copy_min_bytes() say what was measured).
  *
  * A chunk may be overwritten by the next step's data only after its
  * reader is done with it.  That holds by causality: the value that will
