@@ -32,13 +32,13 @@ size_t coll_chunk_bytes(void) {
  * 2-core machine (AMD) two ranks' all_reduce ran faster through the shm
  * stream than by reads (torch_op_focus, medians of 5, alternating:
  * 16 MiB 3.6-3.7 ms vs 5.0-5.2, 64 MiB 14.3-16.3 ms vs 15.5-21.6),
- * while p2p_bench put MPI at 1.5x and 3.2x the stream's time there.  On another (Intel, large L3), reads
- * won from 2 MiB and the stream left all_reduce at 0.56-0.79x MPI
- * (p2p_bench, medians of 3, avg us, stream / reads / MPI: 1 MiB 201 /
- * 200 / 199, 2 MiB 436 / 352 / 343, 4 MiB 872 / 629 / 641, 16 MiB
- * 3558 / 2315 / 2336, 64 MiB 16014 / 14976 / 31368; through torch at
- * 4 ranks, 16 MiB 14.1-15.6 ms / 9.9-10.2).  Reads from 1 MiB keep both
- * machines at or above MPI by those numbers. */
+ * while p2p_bench put MPI at 1.5x and 3.2x the stream's time there.  On
+ * another (Intel, large L3), reads won from 2 MiB and the stream left
+ * all_reduce at 0.56-0.79x MPI (p2p_bench, medians of 3, avg us, stream
+ * / reads / MPI: 1 MiB 201 / 200 / 199, 2 MiB 436 / 352 / 343, 4 MiB
+ * 872 / 629 / 641, 16 MiB 3558 / 2315 / 2336, 64 MiB 16014 / 14976 /
+ * 31368; through torch at 4 ranks, 16 MiB 14.1-15.6 ms / 9.9-10.2).
+ * Reads from 1 MiB keep both machines at or above MPI by those numbers. */
 size_t coll_cma_min_bytes(void) {
     static knob_t k;
     return knob_get(&k, "DLSLIME_COLL_CMA_MIN", 1024 * 1024, 0);
