@@ -108,6 +108,19 @@ static void small_chunks(h_rank_t *r)
     broadcast(r);
 }
 
+/* A rank the kernel refuses CMA (seccomp) still gets every byte of the
+ * rings that read by default on shm (allgather from 128 KiB, all_reduce
+ * from 1 MiB): its reads fall back to the frames path. */
+static void refused_cma(h_rank_t *r)
+{
+    if (r->rank == 1)
+        h_refuse_cma();
+    allgather(r);
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 3 * H_MIB / 4 + 5);
+    slime_comm_destroy(comm);
+}
+
 /* slime_gather_ptrs / slime_scatter_ptrs: the root's blocks each a
  * buffer of its own, allocated in reverse rank order, with a guard byte
  * after each; then in place (the root's own block is its src / dst). */
@@ -421,6 +434,8 @@ int main(int argc, char **argv)
         {"allgather_3", allgather, 3, false, 0},   {"allgather_4", allgather, 4, false, 0},
         {"small_chunks_3", small_chunks, 3, false, 0},
         {"small_chunks_4", small_chunks, 4, false, 0},
+        {"refused_cma_2", refused_cma, 2, false, 0},
+        {"refused_cma_3", refused_cma, 3, false, 0},
         {"gather_scatter_1", gather_scatter, 1, false, 0},
         {"gather_scatter_2", gather_scatter, 2, false, 0},
         {"gather_scatter_3", gather_scatter, 3, false, 0},
