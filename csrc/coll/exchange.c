@@ -118,6 +118,25 @@ static int slot_posted(coll_run_t *r, int h, slime_status_t st) {
 
 enum xfer_kind { XFER_RECV, XFER_SEND, XFER_SEND_SYNC };
 
+/* A synchronous send of a whole buffer up to this size is fetched by
+ * its receiver (one copy by CMA) on any host; past it, and for every
+ * other send, the stream carries the bytes.  2-rank broadcast (p2p_bench,
+ * alternating, medians of 3, avg us, stream / fetched): 64 KiB 9.0 /
+ * 3.9, 256 KiB 29.7 / 11.0, 1 MiB 96 / 108, 4 MiB 383 / 475. */
+#define SYNC_FETCH_MAX (512u << 10)
+
+/* How a send's bytes go (send_path_t).  A collective's chunks keep to
+ * the stream: its pipeline keeps both ends copying, where a fetch by the
+ * receiver would leave the sender idle (4 ranks on 2 cores, all_reduce
+ * of 16 MiB: 7.0 ms by the stream, 10-12.5 ms with its 512 KiB chunks
+ * fetched).  A whole buffer its sender waits on (a broadcast's root, a
+ * gather's leaves) has no pipeline to keep busy: there the two copies
+ * through the stream cost more than the receiver's one. */
+static send_path_t send_path(enum xfer_kind kind, size_t len) {
+    bool whole = kind == XFER_SEND_SYNC && len >= coll_sync_bytes() && len <= SYNC_FETCH_MAX;
+    return whole ? SEND_PATH_FETCH : SEND_PATH_STREAM;
+}
+
 static int post(coll_run_t *r, enum xfer_kind kind, int peer, uint32_t step, void *buf, size_t len) {
     int h = slot_begin(r, peer, step, kind == XFER_RECV, false, len);
     if (h < 0) return -1;
@@ -125,11 +144,7 @@ static int post(coll_run_t *r, enum xfer_kind kind, int peer, uint32_t step, voi
     uint64_t tag = comm_coll_tag(c, r->op->seq, step);
     slime_req_t **q = &r->x[h].req;
     slime_ep_t *ep = c->peers[peer];
-    /* a collective's sends keep to the stream: its pipeline keeps both
-     * ends copying, where a fetch by the receiver would leave the sender
-     * idle (4 ranks on 2 cores, all_reduce of 16 MiB: 7.0 ms by the
-     * stream, 10-12.5 ms with its 512 KiB chunks fetched) */
-    const send_opts_t so = {.sync = kind == XFER_SEND_SYNC, .streamed = true};
+    const send_opts_t so = {.sync = kind == XFER_SEND_SYNC, .path = send_path(kind, len)};
     slime_status_t st = kind == XFER_RECV ? slime_recv(ep, buf, len, tag, q) : p2p_send(ep, buf, len, tag, &so, q);
     return slot_posted(r, h, st);
 }

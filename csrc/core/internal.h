@@ -54,7 +54,8 @@ struct slime_req {
     /* recv_opts_t.cold */
     bool cold;
     /* send_opts_t (p2p_send) */
-    bool sync, streamed;
+    bool sync;
+    send_path_t path;
     slime_mr_t *local_mr;       /* RMA: the local region, pinned */
     /* batches */
     slime_req_t *parent;

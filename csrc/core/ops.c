@@ -181,7 +181,7 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
         }
         if (so) {
             req->sync = so->sync;
-            req->streamed = so->streamed;
+            req->path = so->path;
         }
         op_post(ctx, op, &d, req);
     }

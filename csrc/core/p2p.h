@@ -51,6 +51,21 @@ typedef struct recv_opts {
 slime_status_t p2p_recv(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, const recv_opts_t *o,
                         slime_req_t **out);
 
+/* Which way a rendezvous's bytes may go where the receiver could copy
+ * them straight out of the sender's memory (shm_fetch.c). */
+typedef enum send_path {
+    /* as the transport sees fit: fetched on a crowded host (a point-to-
+     * point send) */
+    SEND_PATH_ANY,
+    /* by the connection's stream: a collective's chunk, whose pipeline
+     * keeps both ends copying anyway */
+    SEND_PATH_STREAM,
+    /* fetched wherever the receiver may: a whole buffer its sender waits
+     * on (a broadcast's root), which no pipeline keeps the sender busy
+     * through */
+    SEND_PATH_FETCH,
+} send_path_t;
+
 typedef struct send_opts {
     /* complete only once the receiver has taken the bytes: by rendezvous
      * whatever the size (MPI's synchronous send).  For a sender that
@@ -60,10 +75,7 @@ typedef struct send_opts {
      * rendezvous copies it once, and the receiver then drains a backlog
      * instead of taking each message as it comes. */
     bool sync;
-    /* the bytes go by the connection's stream even where the receiver
-     * could fetch them from our memory (shm_fetch.c): a collective's
-     * chunk, whose pipeline keeps both ends copying anyway */
-    bool streamed;
+    send_path_t path;
 } send_opts_t;
 
 /* slime_send with the options o. */

@@ -11,7 +11,8 @@
  * avgs): 1 MiB 258 -> 166 us, 4 MiB 1134 -> 739 us; but fetching 16 MiB
  * took 3925 us against 2517 by the rings (their streaming stores), so
  * fetches stop at DLSLIME_SHM_FETCH_MAX (default 4 MiB).  A collective's
- * chunks keep to the stream whatever the host (send_opts_t.streamed).
+ * chunks keep to the stream whatever the host, and the whole buffers a
+ * collective's sender waits on are fetched on any host (send_path_t).
  *
  * DLSLIME_SHM_FETCH: 0 never, 1 on any host (tests), else (default) on
  * a crowded one: more shm peers up, plus this process, than cores in our
@@ -50,8 +51,8 @@ static bool host_crowded(slime_ctx_t *ctx, int cpus) {
 
 void shm_rndv_offer(slime_ep_t *ep, slime_req_t *send, frame_t *rts) {
     const shm_conn_t *c = ep->conn;
-    if (c->fetch == SHM_FETCH_NEVER || send->streamed || send->len > c->fetch_max) return;
-    if (c->fetch == SHM_FETCH_CROWDED && !host_crowded(ep->ctx, c->cpus)) return;
+    if (c->fetch == SHM_FETCH_NEVER || send->path == SEND_PATH_STREAM || send->len > c->fetch_max) return;
+    if (c->fetch == SHM_FETCH_CROWDED && send->path != SEND_PATH_FETCH && !host_crowded(ep->ctx, c->cpus)) return;
     rts->flags |= FF_RDMA;
     rts->d = (uint64_t)(uintptr_t)send->buf;
     rts->rkey = 0;

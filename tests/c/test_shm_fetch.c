@@ -78,9 +78,11 @@ static void case_refused(h_rank_t *r) {
 }
 
 /* A collective's chunks keep to the rings even where a fetch is asked
- * for (send_opts_t.streamed): a 2-rank all_reduce of 16 MiB, whose 512
- * KiB chunks go by rendezvous, fetches nothing and sums right. */
+ * for (send_path_t): a 2-rank all_reduce of 16 MiB, whose 512 KiB chunks
+ * go by rendezvous (the ring's reads switched off), fetches nothing and
+ * sums right. */
 static void case_collective(h_rank_t *r) {
+    H_CHECK(setenv("DLSLIME_COLL_CMA", "0", 1) == 0);
     slime_ep_t *ep = NULL;
     slime_ctx_t *ctx = h_pair_ctx(r, "shm", "DLSLIME_SHM_FETCH", "1", &ep);
     slime_ep_t *peers[2] = {NULL, NULL};
@@ -103,12 +105,43 @@ static void case_collective(h_rank_t *r) {
     slime_ctx_destroy(ctx);
 }
 
+/* Rank 1's fetches after a 2-rank broadcast of bytes from rank 0 on a
+ * shm context with the default DLSLIME_SHM_FETCH; every byte checked. */
+static uint64_t broadcast_fetches(h_rank_t *r, size_t bytes) {
+    slime_ep_t *ep = NULL;
+    slime_ctx_t *ctx = h_pair_ctx(r, "shm", "DLSLIME_SHM_FETCH", NULL, &ep);
+    slime_ep_t *peers[2] = {NULL, NULL};
+    peers[h_peer(r)] = ep;
+    slime_comm_t *comm = NULL;
+    H_CHECK_OK(slime_comm_create(ctx, 8, 1, r->rank, 2, peers, H_WAIT_MS, &comm));
+    uint8_t *buf = h_alloc(bytes);
+    if (r->rank == 0) h_fill(buf, bytes, 77, 0);
+    slime_req_t *req = NULL;
+    H_CHECK_OK(slime_broadcast(comm, buf, bytes, 0, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    H_CHECK_EQ(h_mismatch(buf, bytes, 77, 0), -1);
+    uint64_t fetched = slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES);
+    free(buf);
+    slime_comm_destroy(comm);
+    h_barrier(r);
+    slime_ctx_destroy(ctx);
+    return r->rank == 1 ? fetched : 0;
+}
+
+/* A broadcast's root waits on its whole buffer, with no pipeline to keep
+ * it busy: its receiver fetches it on any host, crowded or not, up to
+ * 512 KiB (send_path_t, coll/exchange.c); past that the rings carry it. */
+static void case_broadcast(h_rank_t *r) {
+    H_CHECK_EQ(broadcast_fetches(r, 256 * H_KIB), (r->rank == 1 ? 1 : 0));
+    H_CHECK_EQ(broadcast_fetches(r, 2 * H_MIB), 0);
+}
+
 int main(int argc, char **argv) {
     static const h_case_t cases[] = {
         {"fetched", case_fetched, 2, true, 0},     {"limit", case_limit, 2, true, 0},
         {"off", case_off, 2, true, 0},             {"roomy", case_roomy, 2, true, 0},
         {"crowded", case_crowded, 2, true, 0},     {"refused", case_refused, 2, true, 0},
-        {"collective", case_collective, 2, true, 0},
+        {"collective", case_collective, 2, true, 0}, {"broadcast", case_broadcast, 2, true, 0},
     };
     return h_main("test_shm_fetch", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
