@@ -65,14 +65,18 @@ void sock_set_nonblock(int fd) {
     if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
+bool sock_inet_ends(int fd, struct sockaddr_in *mine, struct sockaddr_in *theirs) {
+    socklen_t ml = sizeof *mine, tl = sizeof *theirs;
+    return getsockname(fd, (struct sockaddr *)mine, &ml) == 0 &&
+           getpeername(fd, (struct sockaddr *)theirs, &tl) == 0 && mine->sin_family == AF_INET &&
+           theirs->sin_family == AF_INET;
+}
+
 /* Whether both ends of the connected socket fd have one address: a
  * peer on this host (loopback, or our own address). */
 static bool sock_same_host(int fd) {
     struct sockaddr_in mine, theirs;
-    socklen_t ml = sizeof mine, tl = sizeof theirs;
-    return getsockname(fd, (struct sockaddr *)&mine, &ml) == 0 &&
-           getpeername(fd, (struct sockaddr *)&theirs, &tl) == 0 && mine.sin_family == AF_INET &&
-           theirs.sin_family == AF_INET && mine.sin_addr.s_addr == theirs.sin_addr.s_addr;
+    return sock_inet_ends(fd, &mine, &theirs) && mine.sin_addr.s_addr == theirs.sin_addr.s_addr;
 }
 
 /* A same-host connection left to the kernel's autotuning grows its send

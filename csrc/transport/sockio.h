@@ -16,6 +16,9 @@ int sock_wait(int fd, short events, uint64_t deadline_ns);
 slime_status_t sock_sendmsg_all(int fd, struct msghdr *msg, uint64_t deadline_ns);
 slime_status_t sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns);
 void sock_set_nonblock(int fd);
+/* The two IPv4 ends of the connected socket fd; false if it has none. */
+struct sockaddr_in;
+bool sock_inet_ends(int fd, struct sockaddr_in *mine, struct sockaddr_in *theirs);
 
 /* TCP_NODELAY, keepalive so a host that vanishes without a FIN is
  * noticed within seconds, and to a peer on this host a fixed send buffer

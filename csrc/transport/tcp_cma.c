@@ -25,6 +25,7 @@
  * DLSLIME_TCP_CMA_MAX (default 256 MiB, 50-100 ms of copying) take the
  * socket. */
 #include "transport/tcp_cma.h"
+#include "transport/sockio.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -90,10 +91,7 @@ static bool holds_socket(uint32_t pid, unsigned long inode) {
 /* The kernel's word that pid owns the other end of the tcp socket fd. */
 static bool owns_peer_end(int fd, uint32_t pid) {
     struct sockaddr_in mine, theirs;
-    socklen_t ml = sizeof mine, tl = sizeof theirs;
-    if (getsockname(fd, (struct sockaddr *)&mine, &ml) != 0 || getpeername(fd, (struct sockaddr *)&theirs, &tl) != 0 ||
-        mine.sin_family != AF_INET || theirs.sin_family != AF_INET)
-        return false;
+    if (!sock_inet_ends(fd, &mine, &theirs)) return false;
     unsigned long inode = mirrored_socket(pid, &theirs, &mine);
     return inode && holds_socket(pid, inode);
 }
