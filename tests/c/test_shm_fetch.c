@@ -77,18 +77,33 @@ static void case_refused(h_rank_t *r) {
     H_CHECK_EQ(exchange(r, "1"), r->rank == 1 ? 0 : NSIZES);
 }
 
+/* A 2-rank communicator (id) on a fresh shm context made with
+ * DLSLIME_SHM_FETCH=mode (unset: NULL), returned in *ctx. */
+static slime_comm_t *pair_comm(h_rank_t *r, const char *mode, uint32_t id, slime_ctx_t **ctx) {
+    slime_ep_t *ep = NULL;
+    *ctx = h_pair_ctx(r, "shm", "DLSLIME_SHM_FETCH", mode, &ep);
+    slime_ep_t *peers[2] = {NULL, NULL};
+    peers[h_peer(r)] = ep;
+    slime_comm_t *comm = NULL;
+    H_CHECK_OK(slime_comm_create(*ctx, id, 1, r->rank, 2, peers, H_WAIT_MS, &comm));
+    return comm;
+}
+
+/* Destroys both, once the other rank is done with its side too. */
+static void pair_comm_end(h_rank_t *r, slime_ctx_t *ctx, slime_comm_t *comm) {
+    slime_comm_destroy(comm);
+    h_barrier(r);
+    slime_ctx_destroy(ctx);
+}
+
 /* A collective's chunks keep to the rings even where a fetch is asked
  * for (send_path_t): a 2-rank all_reduce of 16 MiB, whose 512 KiB chunks
  * go by rendezvous (the ring's reads switched off), fetches nothing and
  * sums right. */
 static void case_collective(h_rank_t *r) {
     H_CHECK(setenv("DLSLIME_COLL_CMA", "0", 1) == 0);
-    slime_ep_t *ep = NULL;
-    slime_ctx_t *ctx = h_pair_ctx(r, "shm", "DLSLIME_SHM_FETCH", "1", &ep);
-    slime_ep_t *peers[2] = {NULL, NULL};
-    peers[h_peer(r)] = ep;
-    slime_comm_t *comm = NULL;
-    H_CHECK_OK(slime_comm_create(ctx, 7, 1, r->rank, 2, peers, H_WAIT_MS, &comm));
+    slime_ctx_t *ctx = NULL;
+    slime_comm_t *comm = pair_comm(r, "1", 7, &ctx);
     h_barrier(r);
     const size_t n = 4 * H_MIB; /* floats: 16 MiB */
     float *buf = h_alloc(n * sizeof *buf);
@@ -100,20 +115,14 @@ static void case_collective(h_rank_t *r) {
         if (buf[i] != 2.0f * (float)(i % 1021) + 1.0f) H_CHECK_EQ(i, n); /* names the first wrong one */
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 0);
     free(buf);
-    slime_comm_destroy(comm);
-    h_barrier(r);
-    slime_ctx_destroy(ctx);
+    pair_comm_end(r, ctx, comm);
 }
 
 /* Rank 1's fetches after a 2-rank broadcast of bytes from rank 0 on a
  * shm context with the default DLSLIME_SHM_FETCH; every byte checked. */
 static uint64_t broadcast_fetches(h_rank_t *r, size_t bytes) {
-    slime_ep_t *ep = NULL;
-    slime_ctx_t *ctx = h_pair_ctx(r, "shm", "DLSLIME_SHM_FETCH", NULL, &ep);
-    slime_ep_t *peers[2] = {NULL, NULL};
-    peers[h_peer(r)] = ep;
-    slime_comm_t *comm = NULL;
-    H_CHECK_OK(slime_comm_create(ctx, 8, 1, r->rank, 2, peers, H_WAIT_MS, &comm));
+    slime_ctx_t *ctx = NULL;
+    slime_comm_t *comm = pair_comm(r, NULL, 8, &ctx);
     uint8_t *buf = h_alloc(bytes);
     if (r->rank == 0) h_fill(buf, bytes, 77, 0);
     slime_req_t *req = NULL;
@@ -122,9 +131,7 @@ static uint64_t broadcast_fetches(h_rank_t *r, size_t bytes) {
     H_CHECK_EQ(h_mismatch(buf, bytes, 77, 0), -1);
     uint64_t fetched = slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES);
     free(buf);
-    slime_comm_destroy(comm);
-    h_barrier(r);
-    slime_ctx_destroy(ctx);
+    pair_comm_end(r, ctx, comm);
     return r->rank == 1 ? fetched : 0;
 }
 
