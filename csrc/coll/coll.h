@@ -339,7 +339,7 @@ int coll_cpus(void);
  * from $DLSLIME_COLL_CMA_MIN (1 MiB), copying ones (allgather) from
  * $DLSLIME_COLL_CMA_COPY_MIN (128 KiB).  These knobs must be the same on
  * every rank. */
-size_t coll_cma_min_bytes(void);
+size_t coll_cma_min_bytes(int comm_size);
 size_t coll_cma_copy_min_bytes(void);
 
 /* ---- dtype.c ---- */

@@ -261,9 +261,10 @@ static slime_status_t blocks_reg(ring_state_t *g, unsigned access, slime_mr_desc
 
 /* The size from which an in-place plan's links may read (the same on
  * every rank); SIZE_MAX for other plans. */
-static size_t reads_min_bytes(const ring_plan_t *p) {
+static size_t reads_min_bytes(const ring_state_t *g) {
+    const ring_plan_t *p = g->p;
     if (p->mode != RING_INPLACE) return SIZE_MAX;
-    return p->reduce_steps > 0 ? coll_cma_min_bytes() : coll_cma_copy_min_bytes();
+    return p->reduce_steps > 0 ? coll_cma_min_bytes(g->r->comm->size) : coll_cma_copy_min_bytes();
 }
 
 /* Agrees with both neighbours on how each link moves chunks.  Below
@@ -277,7 +278,7 @@ static bool links_setup(ring_state_t *g) {
     g->done_h = -1;
     for (int k = 0; k < RING_WINDOW; k++) g->reads[k] = -1;
     size_t bytes = p->total * p->esize;
-    if (bytes < reads_min_bytes(p)) return true;
+    if (bytes < reads_min_bytes(g)) return true;
     /* a hello goes only over a link whose ends may read (shm): both ends
      * see the same transport, so over tcp neither waits for one */
     bool out_may = link_reads_by_cpu(g, g->right), in_may = link_reads_by_cpu(g, g->left);
@@ -358,7 +359,7 @@ static bool ring_alloc(ring_state_t *g) {
      * chunks: larger ones where the links may read (one syscall and
      * one page walk per chunk) */
     size_t chunk = coll_chunk_bytes();
-    if (p->total * p->esize >= reads_min_bytes(p)) chunk *= 2;
+    if (p->total * p->esize >= reads_min_bytes(g)) chunk *= 2;
     g->ce = chunk / p->esize;
     if (g->ce == 0) g->ce = 1;
     g->kmax = (p->total / (size_t)g->n + 1 + g->ce - 1) / g->ce;

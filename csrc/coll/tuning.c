@@ -38,10 +38,25 @@ size_t coll_chunk_bytes(void) {
  * / reads / MPI: 1 MiB 201 / 200 / 199, 2 MiB 436 / 352 / 343, 4 MiB
  * 872 / 629 / 641, 16 MiB 3558 / 2315 / 2336, 64 MiB 16014 / 14976 /
  * 31368; through torch at 4 ranks, 16 MiB 14.1-15.6 ms / 9.9-10.2).
- * Reads from 1 MiB keep both machines at or above MPI by those numbers. */
-size_t coll_cma_min_bytes(void) {
+ * Once the shm rings published 64 KiB pieces instead of 256 KiB, the
+ * stream won at 1 MiB on that Intel machine too (p2p_bench, 8 rounds
+ * alternating, avg us, reads / stream: 1 MiB 201 / 167, 1.5 MiB 293 /
+ * 265, 2 MiB 367 / 404): reads from 2 MiB.  But the stream needs both
+ * ends of a link on a core at once, and with more ranks than cores it
+ * lost badly (through torch, 4 ranks on 2 cores, 1 MiB: reads 627-722
+ * us, stream 1268-1271): there reads from 1 MiB.  The host's online
+ * cores, not this process's affinity, so both ends of an shm link agree. */
+size_t coll_cma_min_bytes(int comm_size) {
     static knob_t k;
-    return knob_get(&k, "DLSLIME_COLL_CMA_MIN", 1024 * 1024, 0);
+    size_t set = knob_get(&k, "DLSLIME_COLL_CMA_MIN", SIZE_MAX, 0);
+    if (set != SIZE_MAX) return set;
+    static _Atomic long cores;
+    long n = atomic_load(&cores);
+    if (!n) {
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+        atomic_store(&cores, n = n < 1 ? 1 : n);
+    }
+    return comm_size > n ? 1024 * 1024 : 2 * 1024 * 1024;
 }
 
 /* A ring that only copies (allgather) reads each block straight into
