@@ -122,8 +122,11 @@ enum xfer_kind { XFER_RECV, XFER_SEND, XFER_SEND_SYNC };
  * its receiver (one copy by CMA) on any host; past it, and for every
  * other send, the stream carries the bytes.  2-rank broadcast (p2p_bench,
  * alternating, medians of 3, avg us, stream / fetched): 64 KiB 9.0 /
- * 3.9, 256 KiB 29.7 / 11.0, 1 MiB 96 / 108, 4 MiB 383 / 475. */
-#define SYNC_FETCH_MAX (512u << 10)
+ * 3.9, 256 KiB 29.7 / 11.0, 1 MiB 96 / 108, 4 MiB 383 / 475.  With the
+ * rings' 64 KiB pieces, on an Intel machine with 4 MiB of L2 (medians of
+ * 6): 768 KiB 50.6 / 30.3, 1 MiB 68.5 / 53.5, 1.5 MiB 117 / 132; 2 and
+ * 4 MiB fetched were slower on average (170 / 259, 350 / 513). */
+#define SYNC_FETCH_MAX (1u << 20)
 
 /* How a send's bytes go (send_path_t).  A collective's chunks keep to
  * the stream: its pipeline keeps both ends copying, where a fetch by the

@@ -137,9 +137,10 @@ static uint64_t broadcast_fetches(h_rank_t *r, size_t bytes) {
 
 /* A broadcast's root waits on its whole buffer, with no pipeline to keep
  * it busy: its receiver fetches it on any host, crowded or not, up to
- * 512 KiB (send_path_t, coll/exchange.c); past that the rings carry it. */
+ * 1 MiB (send_path_t, coll/exchange.c); past that the rings carry it. */
 static void case_broadcast(h_rank_t *r) {
     H_CHECK_EQ(broadcast_fetches(r, 256 * H_KIB), (r->rank == 1 ? 1 : 0));
+    H_CHECK_EQ(broadcast_fetches(r, H_MIB), (r->rank == 1 ? 1 : 0));
     H_CHECK_EQ(broadcast_fetches(r, 2 * H_MIB), 0);
 }
 
