@@ -116,7 +116,7 @@ static int slot_posted(coll_run_t *r, int h, slime_status_t st) {
     return -1;
 }
 
-enum xfer_kind { XFER_RECV, XFER_SEND, XFER_SEND_SYNC };
+enum xfer_kind { XFER_RECV, XFER_SEND, XFER_SEND_SYNC, XFER_SEND_FETCHED };
 
 /* A synchronous send of a whole buffer up to this size is fetched by
  * its receiver (one copy by CMA) on any host; past it, and for every
@@ -134,10 +134,11 @@ enum xfer_kind { XFER_RECV, XFER_SEND, XFER_SEND_SYNC };
  * of 16 MiB: 7.0 ms by the stream, 10-12.5 ms with its 512 KiB chunks
  * fetched).  A whole buffer its sender waits on (a broadcast's root, a
  * gather's leaves) has no pipeline to keep busy: there the two copies
- * through the stream cost more than the receiver's one. */
+ * through the stream cost more than the receiver's one.  So do the
+ * chunks of a ring whose receivers only copy them (run_send_fetched). */
 static send_path_t send_path(enum xfer_kind kind, size_t len) {
     bool whole = kind == XFER_SEND_SYNC && len >= coll_sync_bytes() && len <= SYNC_FETCH_MAX;
-    return whole ? SEND_PATH_FETCH : SEND_PATH_STREAM;
+    return whole || kind == XFER_SEND_FETCHED ? SEND_PATH_FETCH : SEND_PATH_STREAM;
 }
 
 static int post(coll_run_t *r, enum xfer_kind kind, int peer, uint32_t step, void *buf, size_t len) {
@@ -147,7 +148,8 @@ static int post(coll_run_t *r, enum xfer_kind kind, int peer, uint32_t step, voi
     uint64_t tag = comm_coll_tag(c, r->op->seq, step);
     slime_req_t **q = &r->x[h].req;
     slime_ep_t *ep = c->peers[peer];
-    const send_opts_t so = {.sync = kind == XFER_SEND_SYNC, .path = send_path(kind, len)};
+    const send_opts_t so = {.sync = kind == XFER_SEND_SYNC || kind == XFER_SEND_FETCHED,
+                            .path = send_path(kind, len)};
     slime_status_t st = kind == XFER_RECV ? slime_recv(ep, buf, len, tag, q) : p2p_send(ep, buf, len, tag, &so, q);
     return slot_posted(r, h, st);
 }
@@ -183,6 +185,25 @@ int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_
     bool sync = bounds_run_ahead(r) || (len >= coll_sync_bytes() && r->comm->size <= coll_cpus() &&
                                         p2p_ep_can(r->comm->peers[peer], P2P_CAP_CPU_RMA));
     return post(r, sync ? XFER_SEND_SYNC : XFER_SEND, peer, step, (void *)buf, len);
+}
+
+/* A ring's chunk its receiver only copies is fetched from this size up
+ * to the largest chunk a ring cuts by default (coll_chunk_bytes): below
+ * it the rendezvous costs more than the copy it saves.  p2p_bench, 2
+ * ranks, old and new taking turns (medians of 4, avg us), streamed /
+ * fetched: allgather 32 KiB 3.27 / 2.33, 64 KiB 4.46 / 3.01 (from 128
+ * KiB allgather reads, coll_cma_copy_min_bytes); reduce_scatter 64 KiB
+ * 5.03 / 3.97, 256 KiB 17.4 / 9.9, 1 MiB 104 / 52, 16 MiB 2442 / 1819,
+ * 64 MiB 12141 / 11241. */
+#define CHUNK_FETCH_MIN (16u << 10)
+#define CHUNK_FETCH_MAX (512u << 10)
+
+int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
+    /* with no more ranks than cores, as run_send_sync: a receiver off
+     * its core would leave the sender waiting a time slice */
+    bool fetch = len >= CHUNK_FETCH_MIN && len <= CHUNK_FETCH_MAX && r->comm->size <= coll_cpus() &&
+                 p2p_ep_can(r->comm->peers[peer], P2P_CAP_CPU_RMA);
+    return post(r, fetch ? XFER_SEND_FETCHED : XFER_SEND, peer, step, (void *)buf, len);
 }
 
 int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len) {

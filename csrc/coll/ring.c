@@ -143,10 +143,20 @@ static void reap_sends(ring_state_t *g) {
     while (g->sends_head < g->nsends && run_test(g->r, g->sends[g->sends_head])) g->sends_head++;
 }
 
+/* Sends chunk c of step s (len bytes): fetched by the receiver where
+ * it only copies it, into its place or a scratch slot; streamed where
+ * an in-place ring reduces, whose receiver may combine its chunks
+ * straight out of the stream (fold_decide). */
+static int chunk_send(ring_state_t *g, int s, size_t c, const void *data, size_t len) {
+    bool copied = g->p->reduce_steps == 0 || g->p->mode != RING_INPLACE;
+    return copied ? run_send_fetched(g->r, g->right, unit_step(g, s, c), data, len)
+                  : run_send(g->r, g->right, unit_step(g, s, c), data, len);
+}
+
 /* Passes chunk c of step s on: the bytes, or (read link) a notice. */
 static bool send_tracked(ring_state_t *g, int s, size_t c, const void *data, size_t len) {
     int h = g->read_out ? run_send(g->r, g->right, unit_step(g, s, c), NULL, 0)
-                        : run_send(g->r, g->right, unit_step(g, s, c), data, len * g->p->esize);
+                        : chunk_send(g, s, c, data, len * g->p->esize);
     if (h < 0) return false;
     g->sends[g->nsends++] = h;
     return true;
@@ -211,7 +221,7 @@ static bool ring_process(ring_state_t *g, int s, size_t c, size_t unit) {
             if (p->avg) red_divide(p->dtype, out, len, g->n);
             return true;
         }
-        g->dst_send[c] = run_send(r, g->right, unit_step(g, s + 1, c), out, len * es);
+        g->dst_send[c] = chunk_send(g, s + 1, c, out, len * es);
         return g->dst_send[c] >= 0;
     }
     uint8_t *region = ring_at(p, g->n, b, first);

@@ -41,17 +41,22 @@ static void case_off(h_rank_t *r) {
     H_CHECK_EQ(exchange(r, "0"), 0);
 }
 
-/* The default, with a core for each rank: the rings carry everything. */
-static void case_roomy(h_rank_t *r) {
+/* Whether both ranks have two cores or more (false: logged, not run):
+ * the rings fetch only with no more ranks than cores. */
+static bool cores_for_both(h_rank_t *r) {
     cpu_set_t set;
     H_CHECK(sched_getaffinity(0, sizeof set, &set) == 0);
     int cpus = CPU_COUNT(&set);
     h_ctl_send_u64(r, h_peer(r), (uint64_t)cpus);
-    if (cpus < 2 || h_ctl_recv_u64(r, h_peer(r)) < 2) {
-        h_log("not run: a rank has a single core, which is a crowded host");
-        return;
-    }
-    H_CHECK_EQ(exchange(r, NULL), 0);
+    uint64_t theirs = h_ctl_recv_u64(r, h_peer(r));
+    if (cpus >= 2 && theirs >= 2) return true;
+    h_log("not run: a rank has a single core (a crowded host)");
+    return false;
+}
+
+/* The default, with a core for each rank: the rings carry everything. */
+static void case_roomy(h_rank_t *r) {
+    if (cores_for_both(r)) H_CHECK_EQ(exchange(r, NULL), 0);
 }
 
 /* The default on a crowded host (both ranks on one core): every
@@ -144,12 +149,47 @@ static void case_broadcast(h_rank_t *r) {
     H_CHECK_EQ(broadcast_fetches(r, 2 * H_MIB), 0);
 }
 
+/* A ring whose receivers only copy its chunks has them fetched, one
+ * copy where the rings make two (run_send_fetched): a 2-rank allgather
+ * of 64 KiB (below the size where its links read) and a reduce_scatter
+ * of 128 KiB each fetch the one chunk a rank receives; an all_reduce of
+ * 64 KiB, whose reduce step combines out of the rings, fetches nothing.
+ * Every element checked. */
+static void case_copying_rings(h_rank_t *r) {
+    if (!cores_for_both(r)) return;
+    slime_ctx_t *ctx = NULL;
+    slime_comm_t *comm = pair_comm(r, NULL, 9, &ctx);
+    const size_t n = 16 * H_KIB; /* floats per rank: 64 KiB */
+    float *mine = h_alloc(n * sizeof *mine), *all = h_alloc(2 * n * sizeof *all);
+    for (size_t i = 0; i < n; i++) mine[i] = (float)(i % 509) + 1000.0f * (float)r->rank;
+    slime_req_t *req = NULL;
+    H_CHECK_OK(slime_allgather(comm, mine, n * sizeof *mine / 2, all, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    for (size_t i = 0; i < n; i++) /* block q holds rank q's first n / 2 floats */
+        if (all[i] != (float)((i % (n / 2)) % 509) + 1000.0f * (float)(i / (n / 2))) H_CHECK_EQ(i, n);
+    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 1);
+    /* reduce_scatter: 2 blocks of n floats in, block r summed out */
+    for (size_t i = 0; i < 2 * n; i++) all[i] = (float)(i % 251) + (float)r->rank;
+    H_CHECK_OK(slime_reduce_scatter(comm, all, mine, n, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    for (size_t i = 0; i < n; i++)
+        if (mine[i] != 2.0f * (float)((i + r->rank * n) % 251) + 1.0f) H_CHECK_EQ(i, n);
+    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 2);
+    H_CHECK_OK(slime_allreduce(comm, mine, n, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 2);
+    free(mine);
+    free(all);
+    pair_comm_end(r, ctx, comm);
+}
+
 int main(int argc, char **argv) {
     static const h_case_t cases[] = {
         {"fetched", case_fetched, 2, true, 0},     {"limit", case_limit, 2, true, 0},
         {"off", case_off, 2, true, 0},             {"roomy", case_roomy, 2, true, 0},
         {"crowded", case_crowded, 2, true, 0},     {"refused", case_refused, 2, true, 0},
         {"collective", case_collective, 2, true, 0}, {"broadcast", case_broadcast, 2, true, 0},
+        {"copying_rings", case_copying_rings, 2, true, 0},
     };
     return h_main("test_shm_fetch", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
