@@ -346,7 +346,7 @@ int coll_cpus(void);
  * $DLSLIME_COLL_CMA_COPY_MIN (128 KiB).  These knobs must be the same on
  * every rank. */
 size_t coll_cma_min_bytes(int comm_size);
-size_t coll_cma_copy_min_bytes(void);
+size_t coll_cma_copy_min_bytes(int comm_size);
 
 /* ---- dtype.c ---- */
 const char *dtype_name(slime_dtype_t dt);

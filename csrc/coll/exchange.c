@@ -191,8 +191,8 @@ int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_
  * to the largest chunk a ring cuts by default (coll_chunk_bytes): below
  * it the rendezvous costs more than the copy it saves.  p2p_bench, 2
  * ranks, old and new taking turns (medians of 4, avg us), streamed /
- * fetched: allgather 32 KiB 3.27 / 2.33, 64 KiB 4.46 / 3.01 (from 128
- * KiB allgather reads, coll_cma_copy_min_bytes); reduce_scatter 64 KiB
+ * fetched: allgather 32 KiB 3.27 / 2.33, 64 KiB 4.46 / 3.01 (it read
+ * from 128 KiB then, coll_cma_copy_min_bytes); reduce_scatter 64 KiB
  * 5.03 / 3.97, 256 KiB 17.4 / 9.9, 1 MiB 104 / 52, 16 MiB 2442 / 1819,
  * 64 MiB 12141 / 11241. */
 #define CHUNK_FETCH_MIN (16u << 10)

@@ -15,9 +15,9 @@
  * instead of one into the shared ring and one out of it).  The sender of
  * a link chooses and says so first (link_hello_t), so both ends always
  * agree; DLSLIME_COLL_CMA=0 turns it off.  Below the size where reads
- * may be taken (links_setup) no hello is sent: 1 MiB for reducing
- * rings, 128 KiB for copying ones (coll_cma_min_bytes() and
- * coll_cma_copy_min_bytes() say what was measured).
+ * may be taken (links_setup) no hello is sent: coll_cma_min_bytes() for
+ * reducing rings, coll_cma_copy_min_bytes() for copying ones (they say
+ * what was measured).
  *
  * A chunk may be overwritten by the next step's data only after its
  * reader is done with it.  That holds by causality: the value that will
@@ -274,7 +274,8 @@ static slime_status_t blocks_reg(ring_state_t *g, unsigned access, slime_mr_desc
 static size_t reads_min_bytes(const ring_state_t *g) {
     const ring_plan_t *p = g->p;
     if (p->mode != RING_INPLACE) return SIZE_MAX;
-    return p->reduce_steps > 0 ? coll_cma_min_bytes(g->r->comm->size) : coll_cma_copy_min_bytes();
+    int n = g->r->comm->size;
+    return p->reduce_steps > 0 ? coll_cma_min_bytes(n) : coll_cma_copy_min_bytes(n);
 }
 
 /* Agrees with both neighbours on how each link moves chunks.  Below

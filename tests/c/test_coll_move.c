@@ -109,8 +109,9 @@ static void small_chunks(h_rank_t *r)
 }
 
 /* A rank the kernel refuses CMA (seccomp) still gets every byte of the
- * rings that read by default on shm (allgather from 128 KiB, all_reduce
- * from 2 MiB): its reads fall back to the frames path. */
+ * rings that read by default on shm (coll/tuning.c: with more ranks than
+ * cores, allgather from 128 KiB and all_reduce from 1 MiB; else from 4
+ * and 2 MiB): its reads fall back to the frames path. */
 static void refused_cma(h_rank_t *r)
 {
     if (r->rank == 1)
