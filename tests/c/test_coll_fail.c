@@ -17,8 +17,10 @@
 
 #include <dirent.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #define SLACK_MS 5000
 
@@ -501,15 +503,15 @@ static void next_waited(h_rank_t *r)
     slime_comm_destroy(comm);
 }
 
-/* Context switches of this process's communicator worker threads
- * (named slime-coll): how often they were woken. */
-static uint64_t worker_switches(void)
+/* The thread ids of this process's communicator worker threads (named
+ * slime-coll), at most max; how many. */
+static int worker_tids(pid_t *tids, int max)
 {
-    uint64_t total = 0;
+    int n = 0;
     DIR *d = opendir("/proc/self/task");
     H_CHECK(d != NULL);
     struct dirent *e;
-    while ((e = readdir(d))) {
+    while ((e = readdir(d)) && n < max) {
         char path[300], line[128];
         if (e->d_name[0] == '.')
             continue;
@@ -518,8 +520,25 @@ static uint64_t worker_switches(void)
         bool worker = f && fgets(line, sizeof line, f) && strncmp(line, "slime-coll", 10) == 0;
         if (f)
             fclose(f);
-        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
-        if (!worker || !(f = fopen(path, "r")))
+        if (worker)
+            tids[n++] = (pid_t)atoi(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Context switches of this process's communicator worker threads: how
+ * often they were woken. */
+static uint64_t worker_switches(void)
+{
+    uint64_t total = 0;
+    pid_t tids[16];
+    int n = worker_tids(tids, 16);
+    for (int i = 0; i < n; i++) {
+        char path[64], line[128];
+        snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)tids[i]);
+        FILE *f = fopen(path, "r");
+        if (!f)
             continue;
         unsigned long long v;
         while (fgets(line, sizeof line, f))
@@ -528,8 +547,24 @@ static uint64_t worker_switches(void)
                 total += v;
         fclose(f);
     }
-    closedir(d);
     return total;
+}
+
+/* The worker runs as a batch thread: woken by a post, it does not
+ * preempt the poster, which mostly runs the collective itself. */
+static void worker_is_batch(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    T_RUN(slime_barrier(comm, &q_)); /* the worker starts at the first post */
+    pid_t tids[16];
+    int n = 0;
+    for (int tries = 0; tries < 200 && n == 0; tries++) { /* it names itself once running */
+        if (tries) h_sleep_ms(10);
+        n = worker_tids(tids, 16);
+    }
+    H_CHECK_EQ(n, 1);
+    H_CHECK_EQ(sched_getscheduler(tids[0]), SCHED_BATCH);
+    slime_comm_destroy(comm);
 }
 
 /* The flat forms (allgather, reduce_scatter, alltoallv) keep the
@@ -587,6 +622,7 @@ int main(int argc, char **argv)
         {"destroy_waiter_running", destroy_waiter_running, 2, false, 0},
         {"next_waited", next_waited, 3, false, 0},
         {"next_waited_flat_forms", next_waited_flat_forms, 3, false, 0},
+        {"worker_is_batch", worker_is_batch, 2, false, 0},
     };
     return h_main("test_coll_fail", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
