@@ -188,14 +188,21 @@ int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_
 }
 
 /* A ring's chunk its receiver only copies is fetched from this size up
- * to the largest chunk a ring cuts by default (coll_chunk_bytes): below
- * it the rendezvous costs more than the copy it saves.  p2p_bench, 2
- * ranks, old and new taking turns (medians of 4, avg us), streamed /
- * fetched: allgather 32 KiB 3.27 / 2.33, 64 KiB 4.46 / 3.01 (it read
- * from 128 KiB then, coll_cma_copy_min_bytes); reduce_scatter 64 KiB
- * 5.03 / 3.97, 256 KiB 17.4 / 9.9, 1 MiB 104 / 52, 16 MiB 2442 / 1819,
- * 64 MiB 12141 / 11241. */
-#define CHUNK_FETCH_MIN (16u << 10)
+ * to the largest chunk a ring cuts by default (coll_chunk_bytes).
+ * p2p_bench, 2 ranks, old and new taking turns (medians of 4, avg us),
+ * streamed / fetched: allgather 32 KiB 3.27 / 2.33, 64 KiB 4.46 / 3.01
+ * (it read from 128 KiB then, coll_cma_copy_min_bytes); reduce_scatter
+ * 64 KiB 5.03 / 3.97, 256 KiB 17.4 / 9.9, 1 MiB 104 / 52, 16 MiB 2442 /
+ * 1819, 64 MiB 12141 / 11241.  But through torch, where the two ranks
+ * reach each collective some microseconds apart, small chunks fetched
+ * lost: a fetched send completes only once its receiver came and copied
+ * it, so the late rank's copy and then the early one's run one after
+ * the other (2 ranks, medians of 3, us per call, streamed / fetched from
+ * 16 KiB / from 128 KiB: all_gather 64 KiB 14.0 / 19.1 / 13.2, 1 MiB 123
+ * / 112 / 105, 2 MiB 280 / 246 / 244; reduce_scatter 64 KiB 15.0 / 15.8
+ * / 13.5, 512 KiB 67.2 / 48.6 / 42.6, 1 MiB 164 / 132 / 119, 2 MiB 347 /
+ * 401 / 396). */
+#define CHUNK_FETCH_MIN (128u << 10)
 #define CHUNK_FETCH_MAX (512u << 10)
 
 int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {

@@ -150,23 +150,27 @@ static void case_broadcast(h_rank_t *r) {
 }
 
 /* A ring whose receivers only copy its chunks has them fetched, one
- * copy where the rings make two (run_send_fetched): a 2-rank allgather
- * of 64 KiB (below the size where its links read) and a reduce_scatter
- * of 128 KiB each fetch the one chunk a rank receives; an all_reduce of
- * 64 KiB, whose reduce step combines out of the rings, fetches nothing.
- * Every element checked. */
+ * copy where the rings make two, from 128 KiB (run_send_fetched): a
+ * 2-rank allgather of 128 KiB per rank (below the size where its links
+ * read) and a reduce_scatter of two 128 KiB blocks each fetch the one
+ * chunk a rank receives; an all_reduce, whose reduce step combines out of
+ * the rings, and an allgather of 64 KiB per rank fetch nothing.  Every
+ * element checked. */
 static void case_copying_rings(h_rank_t *r) {
     if (!cores_for_both(r)) return;
     slime_ctx_t *ctx = NULL;
     slime_comm_t *comm = pair_comm(r, NULL, 9, &ctx);
-    const size_t n = 16 * H_KIB; /* floats per rank: 64 KiB */
+    const size_t n = 32 * H_KIB; /* floats per rank: 128 KiB */
     float *mine = h_alloc(n * sizeof *mine), *all = h_alloc(2 * n * sizeof *all);
     for (size_t i = 0; i < n; i++) mine[i] = (float)(i % 509) + 1000.0f * (float)r->rank;
     slime_req_t *req = NULL;
+    H_CHECK_OK(slime_allgather(comm, mine, n * sizeof *mine, all, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    for (size_t i = 0; i < 2 * n; i++) /* block q holds rank q's floats */
+        if (all[i] != (float)((i % n) % 509) + 1000.0f * (float)(i / n)) H_CHECK_EQ(i, 2 * n);
+    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 1);
     H_CHECK_OK(slime_allgather(comm, mine, n * sizeof *mine / 2, all, &req));
     H_WAIT_FREE(req, SLIME_OK);
-    for (size_t i = 0; i < n; i++) /* block q holds rank q's first n / 2 floats */
-        if (all[i] != (float)((i % (n / 2)) % 509) + 1000.0f * (float)(i / (n / 2))) H_CHECK_EQ(i, n);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 1);
     /* reduce_scatter: 2 blocks of n floats in, block r summed out */
     for (size_t i = 0; i < 2 * n; i++) all[i] = (float)(i % 251) + (float)r->rank;
@@ -175,7 +179,7 @@ static void case_copying_rings(h_rank_t *r) {
     for (size_t i = 0; i < n; i++)
         if (mine[i] != 2.0f * (float)((i + r->rank * n) % 251) + 1.0f) H_CHECK_EQ(i, n);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 2);
-    H_CHECK_OK(slime_allreduce(comm, mine, n, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
+    H_CHECK_OK(slime_allreduce(comm, all, 2 * n, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
     H_WAIT_FREE(req, SLIME_OK);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 2);
     free(mine);
