@@ -1,11 +1,17 @@
 /* Rendezvous over shm fetched by the receiver: one copy by CMA, straight
  * out of the sender's buffer, instead of two through the rings.
  *
- * Why only on a crowded host: the rings pipeline a message, the sender
+ * Why mostly on a crowded host: the rings pipeline a message, the sender
  * copying in while the receiver copies out, so with a core each the pair
- * moves it about as fast as one CMA copy, and faster past the cache
- * (streaming stores).  With more of our processes on this host than it
- * has cores, the two copies share a core and cost twice the one.
+ * moves it about as fast as one CMA copy.  With more of our processes on
+ * this host than it has cores, the two copies share a core and cost
+ * twice the one.  On a roomy host the rings won past the cache on one
+ * machine (AMD, streaming stores), but on another (Intel, 2 cores) the
+ * fetch, split with a copy helper (core/team.c), won from 8 MiB
+ * (p2p_bench sendrecv, 4 rounds alternating, avg us, rings / fetched: 2
+ * MiB 175 / 347, 4 MiB 342 / 471, 8 MiB 736 / 626, 32 MiB 3591 / 2004,
+ * 256 MiB 28312 / 21688; through torch 16 MiB 1776 / 1227): there such
+ * sizes are fetched too (DLSLIME_SHM_FETCH_ROOMY).
  * Measured through torch (torch_dist_bench send_recv, 4 ranks on 2
  * cores, two pairs ping-ponging, old and new alternating, medians of 4
  * avgs): 1 MiB 258 -> 166 us, 4 MiB 1134 -> 739 us; but fetching 16 MiB
@@ -15,16 +21,19 @@
  * collective's sender waits on are fetched on any host (send_path_t).
  *
  * DLSLIME_SHM_FETCH: 0 never, 1 on any host (tests), else (default) on
- * a crowded one: more shm peers up, plus this process, than cores in our
- * affinity mask.  The pid fetched from is the one the kernel vouched for
- * on the connection's socket (SO_PEERCRED). */
+ * a crowded one (more shm peers up, plus this process, than cores in our
+ * affinity mask) up to DLSLIME_SHM_FETCH_MAX, and on a roomy one from
+ * DLSLIME_SHM_FETCH_ROOMY (0: never).  The pid fetched from is the one the
+ * kernel vouched for on the connection's socket (SO_PEERCRED). */
 #include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "transport/cma_fetch.h"
 #include "transport/shm_internal.h"
 
 #define FETCH_MAX_DEFAULT (4u << 20)
+#define FETCH_ROOMY_DEFAULT (8u << 20)
 
 void shm_fetch_init(shm_conn_t *c) {
     const char *mode = getenv("DLSLIME_SHM_FETCH");
@@ -32,6 +41,8 @@ void shm_fetch_init(shm_conn_t *c) {
                : mode && mode[0] == '1'            ? SHM_FETCH_ALWAYS
                                                    : SHM_FETCH_CROWDED;
     c->fetch_max = env_size("DLSLIME_SHM_FETCH_MAX", FETCH_MAX_DEFAULT);
+    c->fetch_roomy_min =
+        env_off("DLSLIME_SHM_FETCH_ROOMY") ? SIZE_MAX : env_size("DLSLIME_SHM_FETCH_ROOMY", FETCH_ROOMY_DEFAULT);
     /* read once: a system call on every large send cost it 1-2% */
     cpu_set_t set;
     c->cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
@@ -49,10 +60,19 @@ static bool host_crowded(slime_ctx_t *ctx, int cpus) {
     return procs > cpus;
 }
 
+/* Whether a rendezvous of len bytes is offered for fetching by default
+ * (SHM_FETCH_CROWDED). */
+static bool fetch_by_default(slime_ep_t *ep, const shm_conn_t *c, size_t len) {
+    if (host_crowded(ep->ctx, c->cpus)) return len <= c->fetch_max;
+    return len >= c->fetch_roomy_min;
+}
+
 void shm_rndv_offer(slime_ep_t *ep, slime_req_t *send, frame_t *rts) {
     const shm_conn_t *c = ep->conn;
-    if (c->fetch == SHM_FETCH_NEVER || send->path == SEND_PATH_STREAM || send->len > c->fetch_max) return;
-    if (c->fetch == SHM_FETCH_CROWDED && send->path != SEND_PATH_FETCH && !host_crowded(ep->ctx, c->cpus)) return;
+    if (c->fetch == SHM_FETCH_NEVER || send->path == SEND_PATH_STREAM) return;
+    if (c->fetch == SHM_FETCH_ALWAYS || send->path == SEND_PATH_FETCH ? send->len > c->fetch_max
+                                                                        : !fetch_by_default(ep, c, send->len))
+        return;
     rts->flags |= FF_RDMA;
     rts->d = (uint64_t)(uintptr_t)send->buf;
     rts->rkey = 0;

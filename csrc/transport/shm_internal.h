@@ -83,7 +83,8 @@ typedef struct shm_conn {
     size_t cma_max;                           /* larger unmapped ops go by the rings */
     /* whether our rendezvous offer the receiver a fetch (shm_fetch.c) */
     enum { SHM_FETCH_NEVER, SHM_FETCH_CROWDED, SHM_FETCH_ALWAYS } fetch;
-    size_t fetch_max;
+    size_t fetch_max;                         /* ...up to this size (crowded, or asked for) */
+    size_t fetch_roomy_min;                   /* ...from this size on a roomy host */
     int cpus;                                 /* in our affinity mask at connect */
     peermap_t *map;                           /* the peer's shared blocks mapped here */
     bool hung_up;                             /* its socket said so; the ring may still hold bytes */

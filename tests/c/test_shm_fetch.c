@@ -54,9 +54,19 @@ static bool cores_for_both(h_rank_t *r) {
     return false;
 }
 
-/* The default, with a core for each rank: the rings carry everything. */
+/* The default, with a core for each rank: the rings carry everything
+ * below DLSLIME_SHM_FETCH_ROOMY (8 MiB)... */
 static void case_roomy(h_rank_t *r) {
     if (cores_for_both(r)) H_CHECK_EQ(exchange(r, NULL), 0);
+}
+
+/* ...and from it on, a rendezvous is fetched there too; 0 turns that off. */
+static void case_roomy_large(h_rank_t *r) {
+    static const size_t large[] = {8 * H_MIB, 16 * H_MIB + 5};
+    if (!cores_for_both(r)) return;
+    H_CHECK_EQ(h_rendezvous_counted(r, "shm", "DLSLIME_SHM_FETCH", NULL, large, 2, TAG, SLIME_COUNTER_SHM_FETCHES), 2);
+    H_CHECK(setenv("DLSLIME_SHM_FETCH_ROOMY", "0", 1) == 0);
+    H_CHECK_EQ(h_rendezvous_counted(r, "shm", "DLSLIME_SHM_FETCH", NULL, large, 2, TAG, SLIME_COUNTER_SHM_FETCHES), 0);
 }
 
 /* The default on a crowded host (both ranks on one core): every
@@ -191,6 +201,7 @@ int main(int argc, char **argv) {
     static const h_case_t cases[] = {
         {"fetched", case_fetched, 2, true, 0},     {"limit", case_limit, 2, true, 0},
         {"off", case_off, 2, true, 0},             {"roomy", case_roomy, 2, true, 0},
+        {"roomy_large", case_roomy_large, 2, true, 0},
         {"crowded", case_crowded, 2, true, 0},     {"refused", case_refused, 2, true, 0},
         {"collective", case_collective, 2, true, 0}, {"broadcast", case_broadcast, 2, true, 0},
         {"copying_rings", case_copying_rings, 2, true, 0},
