@@ -9,6 +9,7 @@ send_recv times one round trip and reports half of it (one way).
 
     PYTHONPATH=. python bench/torch_op_focus.py --op send_recv --sizes 8
     PYTHONPATH=. python bench/torch_op_focus.py --op all_to_all --sizes 8MiB,16MiB,32MiB
+    PYTHONPATH=. python bench/torch_op_focus.py --op all_reduce --sizes 8,64KiB --async-op
 
 torch_dist_bench.py is the full benchmark; this one is for iterating.
 """
@@ -28,48 +29,64 @@ from bench.torch_dist_bench import parse_size, human  # noqa: E402
 BACKENDS = ("dlslime", "gloo")
 
 
-def make_op(op, nbytes, rank, world, group):
+def make_op(op, nbytes, rank, world, group, async_op=False):
+    """One iteration of op; with async_op, each call is posted with
+    async_op=True (send_recv: isend / irecv) and its Work waited on at once,
+    the asynchronous path that DDP and torch's own backend calls take."""
     import torch
     import torch.distributed as dist
     n = max(1, nbytes // 4)
+
+    def call(fn, *args, **kw):
+        if async_op:
+            fn(*args, async_op=True, **kw).wait()
+        else:
+            fn(*args, **kw)
+
     if op == "send_recv":
         buf, peer = torch.zeros(n), rank ^ 1
+        send, recv = (dist.isend, dist.irecv) if async_op else (dist.send, dist.recv)
+
+        def one(fn):
+            w = fn(buf, peer, group=group)
+            if async_op:
+                w.wait()
 
         def run():
             if rank % 2 == 0:
-                dist.send(buf, peer, group=group)
-                dist.recv(buf, peer, group=group)
+                one(send)
+                one(recv)
             else:
-                dist.recv(buf, peer, group=group)
-                dist.send(buf, peer, group=group)
+                one(recv)
+                one(send)
         return run
     if op == "all_reduce":
         buf = torch.zeros(n)
-        return lambda: dist.all_reduce(buf, group=group)
+        return lambda: call(dist.all_reduce, buf, group=group)
     if op == "broadcast":
         buf = torch.zeros(n)
-        return lambda: dist.broadcast(buf, 0, group=group)
+        return lambda: call(dist.broadcast, buf, 0, group=group)
     c = max(1, n // world)
     if op == "all_gather":
         inp, out = torch.zeros(c), [torch.zeros(c) for _ in range(world)]
-        return lambda: dist.all_gather(out, inp, group=group)
+        return lambda: call(dist.all_gather, out, inp, group=group)
     if op == "reduce_scatter":
         inp, out = [torch.zeros(c) for _ in range(world)], torch.zeros(c)
-        return lambda: dist.reduce_scatter(out, inp, group=group)
+        return lambda: call(dist.reduce_scatter, out, inp, group=group)
     if op == "gather":
         inp = torch.zeros(c)
         out = [torch.zeros(c) for _ in range(world)] if rank == 0 else None
-        return lambda: dist.gather(inp, out, dst=0, group=group)
+        return lambda: call(dist.gather, inp, out, dst=0, group=group)
     if op == "scatter":
         out = torch.zeros(c)
         inp = [torch.zeros(c) for _ in range(world)] if rank == 0 else None
-        return lambda: dist.scatter(out, inp, src=0, group=group)
+        return lambda: call(dist.scatter, out, inp, src=0, group=group)
     if op == "all_to_all":
         inp, out = [torch.zeros(c) for _ in range(world)], [torch.zeros(c) for _ in range(world)]
-        return lambda: dist.all_to_all(out, inp, group=group)
+        return lambda: call(dist.all_to_all, out, inp, group=group)
     if op == "all_to_all_single":
         inp, out = torch.zeros(c * world), torch.zeros(c * world)
-        return lambda: dist.all_to_all_single(out, inp, group=group)
+        return lambda: call(dist.all_to_all_single, out, inp, group=group)
     raise ValueError(op)
 
 
@@ -84,7 +101,7 @@ def worker(rank, world, port, args, q):
     groups = {b: dist.new_group(backend=b) for b in BACKENDS}
     out = []
     for size in args.sizes:
-        runs = {b: make_op(args.op, size, rank, world, groups[b]) for b in BACKENDS}
+        runs = {b: make_op(args.op, size, rank, world, groups[b], args.async_op) for b in BACKENDS}
         iters = {}
         for b in BACKENDS:
             runs[b]()
@@ -126,6 +143,8 @@ def main():
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--reps", type=int, default=7, help="timed slices per backend")
     ap.add_argument("--slice", type=float, default=0.2, help="seconds per slice")
+    ap.add_argument("--async-op", action="store_true",
+                    help="post each call with async_op=True and wait on its Work at once")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -142,8 +161,8 @@ def main():
     for p in procs:
         p.join(60)
     del master
-    print(f"{args.op}, {args.world} ranks, median of {args.reps} slices (us per op"
-          f"{', one way' if args.op == 'send_recv' else ''}):")
+    print(f"{args.op}{' (async_op=True, waited at once)' if args.async_op else ''}, {args.world} ranks, "
+          f"median of {args.reps} slices (us per op{', one way' if args.op == 'send_recv' else ''}):")
     for size, m in res:
         print(f"  {human(size):>8}  dlslime {m['dlslime'] * 1e6:10.1f}  gloo {m['gloo'] * 1e6:10.1f}"
               f"  gloo/dlslime {m['gloo'] / m['dlslime']:5.2f}x")
