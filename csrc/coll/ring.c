@@ -278,6 +278,15 @@ static size_t reads_min_bytes(const ring_state_t *g) {
     return p->reduce_steps > 0 ? coll_cma_min_bytes(n) : coll_cma_copy_min_bytes(n);
 }
 
+/* The size from which a plan cuts chunks twice as large: where its
+ * links read on a host with a core for each rank (or from what the
+ * environment sets, which every rank must set alike), whatever this
+ * host's cores. */
+static size_t large_chunks_min(const ring_plan_t *p) {
+    if (p->mode != RING_INPLACE) return SIZE_MAX;
+    return p->reduce_steps > 0 ? coll_cma_min_bytes(1) : coll_cma_copy_min_bytes(1);
+}
+
 /* Agrees with both neighbours on how each link moves chunks.  Below
  * reads_min_bytes() both ends know that no link reads, so they exchange
  * nothing: a hello round trip cost every ring collective a small
@@ -368,9 +377,11 @@ static bool ring_alloc(ring_state_t *g) {
     const ring_plan_t *p = g->p;
     /* a function of the size alone, so that every rank cuts the same
      * chunks: larger ones where the links may read (one syscall and
-     * one page walk per chunk) */
+     * one page walk per chunk) on a host with a core per rank.  Not by
+     * reads_min_bytes(), which follows the host's cores: ranks on hosts
+     * of different sizes would cut different chunks */
     size_t chunk = coll_chunk_bytes();
-    if (p->total * p->esize >= reads_min_bytes(g)) chunk *= 2;
+    if (p->total * p->esize >= large_chunks_min(p)) chunk *= 2;
     g->ce = chunk / p->esize;
     if (g->ce == 0) g->ce = 1;
     g->kmax = (p->total / (size_t)g->n + 1 + g->ce - 1) / g->ce;
