@@ -340,11 +340,12 @@ size_t coll_pair_box_bytes(void);
 size_t coll_sync_bytes(void);
 /* The CPUs this process may run on (its affinity mask). */
 int coll_cpus(void);
-/* In-place rings of at least this many bytes may move chunks by
- * one-sided reads, in chunks twice as large: reducing ones (all_reduce)
- * from $DLSLIME_COLL_CMA_MIN (1 MiB), copying ones (allgather) from
- * $DLSLIME_COLL_CMA_COPY_MIN (128 KiB).  These knobs must be the same on
- * every rank. */
+/* In-place rings of at least this many bytes, on a communicator of
+ * comm_size ranks, may move chunks by one-sided reads: reducing ones
+ * (all_reduce) from $DLSLIME_COLL_CMA_MIN (default 2 MiB, 1 MiB with more
+ * ranks than the host has online cores), copying ones (allgather) from
+ * $DLSLIME_COLL_CMA_COPY_MIN (4 MiB, 128 KiB so).  These knobs must be
+ * the same on every rank. */
 size_t coll_cma_min_bytes(int comm_size);
 size_t coll_cma_copy_min_bytes(int comm_size);
 

@@ -173,17 +173,20 @@ int run_send_bounded(coll_run_t *r, int peer, uint32_t step, const void *buf, si
     return post(r, bounds_run_ahead(r) ? XFER_SEND_SYNC : XFER_SEND, peer, step, (void *)buf, len);
 }
 
+/* Whether a send to peer that waits for its receiver pays: only where
+ * the receiver copies the bytes straight from ours (shm): over a socket
+ * the bytes are copied twice either way and the rendezvous adds a round
+ * trip (2 ranks over tcp, broadcast 256 KiB: 67-76 us eager, 111-113 us
+ * so).  And only with no more ranks than cores: past that a receiver is
+ * often off its core, and the sender waits a time slice for it (4 ranks
+ * on 2 cores, broadcast 64 KiB: 23-29 us eager, 113-170 us so). */
+static bool receiver_copies_from_us(const coll_run_t *r, int peer) {
+    return r->comm->size <= coll_cpus() && p2p_ep_can(r->comm->peers[peer], P2P_CAP_CPU_RMA);
+}
+
 int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
-    /* Besides the bound on running ahead: only where the receiver copies
-     * the bytes straight from ours (shm): over a socket the bytes are
-     * copied twice either way and the rendezvous adds a round trip (2
-     * ranks over tcp, broadcast 256 KiB: 67-76 us eager, 111-113 us
-     * so).  And only with no more ranks than
-     * cores: past that a receiver is often off its core, and the sender
-     * waits a time slice for it (4 ranks on 2 cores, broadcast 64 KiB:
-     * 23-29 us eager, 113-170 us so). */
-    bool sync = bounds_run_ahead(r) || (len >= coll_sync_bytes() && r->comm->size <= coll_cpus() &&
-                                        p2p_ep_can(r->comm->peers[peer], P2P_CAP_CPU_RMA));
+    /* besides the bound on running ahead */
+    bool sync = bounds_run_ahead(r) || (len >= coll_sync_bytes() && receiver_copies_from_us(r, peer));
     return post(r, sync ? XFER_SEND_SYNC : XFER_SEND, peer, step, (void *)buf, len);
 }
 
@@ -206,10 +209,7 @@ int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_
 #define CHUNK_FETCH_MAX (512u << 10)
 
 int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
-    /* with no more ranks than cores, as run_send_sync: a receiver off
-     * its core would leave the sender waiting a time slice */
-    bool fetch = len >= CHUNK_FETCH_MIN && len <= CHUNK_FETCH_MAX && r->comm->size <= coll_cpus() &&
-                 p2p_ep_can(r->comm->peers[peer], P2P_CAP_CPU_RMA);
+    bool fetch = len >= CHUNK_FETCH_MIN && len <= CHUNK_FETCH_MAX && receiver_copies_from_us(r, peer);
     return post(r, fetch ? XFER_SEND_FETCHED : XFER_SEND, peer, step, (void *)buf, len);
 }
 

@@ -284,6 +284,7 @@ static size_t reads_min_bytes(const ring_state_t *g) {
  * host's cores. */
 static size_t large_chunks_min(const ring_plan_t *p) {
     if (p->mode != RING_INPLACE) return SIZE_MAX;
+    /* one rank: the size for a communicator that crowds no host */
     return p->reduce_steps > 0 ? coll_cma_min_bytes(1) : coll_cma_copy_min_bytes(1);
 }
 

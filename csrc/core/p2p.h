@@ -54,8 +54,8 @@ slime_status_t p2p_recv(slime_ep_t *ep, void *buf, size_t cap, uint64_t tag, con
 /* Which way a rendezvous's bytes may go where the receiver could copy
  * them straight out of the sender's memory (shm_fetch.c). */
 typedef enum send_path {
-    /* as the transport sees fit: fetched on a crowded host (a point-to-
-     * point send) */
+    /* as the transport sees fit (a point-to-point send): over shm,
+     * fetched on a crowded host, and the largest on any host */
     SEND_PATH_ANY,
     /* by the connection's stream: a collective's chunk, whose pipeline
      * keeps both ends copying anyway */

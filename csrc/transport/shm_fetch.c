@@ -60,19 +60,16 @@ static bool host_crowded(slime_ctx_t *ctx, int cpus) {
     return procs > cpus;
 }
 
-/* Whether a rendezvous of len bytes is offered for fetching by default
- * (SHM_FETCH_CROWDED). */
-static bool fetch_by_default(slime_ep_t *ep, const shm_conn_t *c, size_t len) {
-    if (host_crowded(ep->ctx, c->cpus)) return len <= c->fetch_max;
-    return len >= c->fetch_roomy_min;
+/* Whether send's rendezvous is offered to the receiver for fetching. */
+static bool fetch_offered(slime_ep_t *ep, const shm_conn_t *c, const slime_req_t *send) {
+    if (c->fetch == SHM_FETCH_NEVER || send->path == SEND_PATH_STREAM) return false;
+    if (c->fetch == SHM_FETCH_ALWAYS || send->path == SEND_PATH_FETCH) return send->len <= c->fetch_max;
+    if (host_crowded(ep->ctx, c->cpus)) return send->len <= c->fetch_max;
+    return send->len >= c->fetch_roomy_min;
 }
 
 void shm_rndv_offer(slime_ep_t *ep, slime_req_t *send, frame_t *rts) {
-    const shm_conn_t *c = ep->conn;
-    if (c->fetch == SHM_FETCH_NEVER || send->path == SEND_PATH_STREAM) return;
-    if (c->fetch == SHM_FETCH_ALWAYS || send->path == SEND_PATH_FETCH ? send->len > c->fetch_max
-                                                                        : !fetch_by_default(ep, c, send->len))
-        return;
+    if (!fetch_offered(ep, ep->conn, send)) return;
     rts->flags |= FF_RDMA;
     rts->d = (uint64_t)(uintptr_t)send->buf;
     rts->rkey = 0;
