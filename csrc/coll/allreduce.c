@@ -46,12 +46,8 @@ static bool recursive_doubling(coll_run_t *r, const coll_op_t *op) {
         if (!run_exchange(r, partner, buf, bytes, partner, tmp, bytes, (uint32_t)round)) return false;
         /* both partners combine in the same order (lower rank's data
          * first), so every rank ends with the very same bits */
-        if (partner < rank) {
-            red_accumulate(op->dtype, op->redop, tmp, buf, op->count);
-            memcpy(buf, tmp, bytes);
-        } else {
-            red_accumulate(op->dtype, op->redop, buf, tmp, op->count);
-        }
+        if (partner < rank) red_accumulate_swapped(op->dtype, op->redop, buf, tmp, op->count);
+        else red_accumulate(op->dtype, op->redop, buf, tmp, op->count);
     }
     if (op->redop == SLIME_RED_AVG) red_divide(op->dtype, buf, op->count, n);
     if (rank < 2 * extra) {

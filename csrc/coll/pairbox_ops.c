@@ -33,14 +33,8 @@ bool pairbox_allreduce(coll_run_t *r, const coll_op_t *op) {
         const uint8_t *in = pairbox_get(r, seq, op->count * es);
         if (!in) return false;
         /* both ranks combine rank 0's data first: the same bits at both */
-        if (c->rank == 0) {
-            red_accumulate(op->dtype, op->redop, at, in, n);
-        } else {
-            uint8_t *tmp = comm_scratch(c, bytes);
-            if (!tmp) return run_fail(r, SLIME_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
-            red_combine(op->dtype, op->redop, tmp, in, at, n);
-            memcpy(at, tmp, bytes);
-        }
+        if (c->rank == 0) red_accumulate(op->dtype, op->redop, at, in, n);
+        else red_accumulate_swapped(op->dtype, op->redop, at, in, n);
         pairbox_release(c, seq);
     }
     if (op->redop == SLIME_RED_AVG) red_divide(op->dtype, buf, op->count, 2);

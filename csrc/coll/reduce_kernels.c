@@ -1,4 +1,4 @@
-/* The reduction loops.  Each (dtype, op) pair gets its own loop, made by
+/* The reduction loops.  Each (dtype, op) pair gets its own loops, made by
  * macros.  The loops walk fixed blocks of RED_BLOCK elements: GCC at -O2
  * vectorises only loops whose trip count it knows, so the fixed inner
  * loop becomes plain SIMD without -O3 or -march flags.
@@ -18,37 +18,40 @@
 typedef void (*acc_fn)(void *restrict, const void *restrict, size_t);
 typedef void (*comb_fn)(void *restrict, const void *restrict, const void *restrict, size_t);
 
-/* One pair of loops: accumulate and combine, for element type T and the
- * expression EXPR of a and b (both T). */
+/* The loop of every kernel: OUT[i] = EXPR of a = A[i] and b = B[i], in
+ * blocks of RED_BLOCK (see above), then the rest one by one.  OUT may
+ * be A or B itself: each element is read before it is written. */
+#define RED_LOOP(T, EXPR, OUT, A, B)                                                       \
+    size_t i = 0;                                                                          \
+    for (; i + RED_BLOCK <= n; i += RED_BLOCK)                                             \
+        for (size_t j = 0; j < RED_BLOCK; j++) {                                           \
+            T a = A[i + j], b = B[i + j];                                                  \
+            OUT[i + j] = (T)(EXPR);                                                        \
+        }                                                                                  \
+    for (; i < n; i++) {                                                                   \
+        T a = A[i], b = B[i];                                                              \
+        OUT[i] = (T)(EXPR);                                                                \
+    }
+
+/* The loops of one (dtype, op): accumulate, accumulate with the operands
+ * swapped, and combine, for element type T and the expression EXPR of a
+ * and b (both T). */
 #define KERNEL(name, T, EXPR)                                                              \
     static void acc_##name(void *restrict accv, const void *restrict inv, size_t n) {      \
         T *restrict acc = accv;                                                            \
         const T *restrict in = inv;                                                        \
-        size_t i = 0;                                                                      \
-        for (; i + RED_BLOCK <= n; i += RED_BLOCK)                                         \
-            for (size_t j = 0; j < RED_BLOCK; j++) {                                       \
-                T a = acc[i + j], b = in[i + j];                                           \
-                acc[i + j] = (T)(EXPR);                                                    \
-            }                                                                              \
-        for (; i < n; i++) {                                                               \
-            T a = acc[i], b = in[i];                                                       \
-            acc[i] = (T)(EXPR);                                                            \
-        }                                                                                  \
+        RED_LOOP(T, EXPR, acc, acc, in)                                                    \
+    }                                                                                      \
+    static void swp_##name(void *restrict accv, const void *restrict inv, size_t n) {      \
+        T *restrict acc = accv;                                                            \
+        const T *restrict in = inv;                                                        \
+        RED_LOOP(T, EXPR, acc, in, acc)                                                    \
     }                                                                                      \
     static void comb_##name(void *restrict outv, const void *restrict av,                 \
                             const void *restrict bv, size_t n) {                           \
         T *restrict out = outv;                                                            \
         const T *restrict pa = av, *restrict pb = bv;                                      \
-        size_t i = 0;                                                                      \
-        for (; i + RED_BLOCK <= n; i += RED_BLOCK)                                         \
-            for (size_t j = 0; j < RED_BLOCK; j++) {                                       \
-                T a = pa[i + j], b = pb[i + j];                                            \
-                out[i + j] = (T)(EXPR);                                                    \
-            }                                                                              \
-        for (; i < n; i++) {                                                               \
-            T a = pa[i], b = pb[i];                                                        \
-            out[i] = (T)(EXPR);                                                            \
-        }                                                                                  \
+        RED_LOOP(T, EXPR, out, pa, pb)                                                     \
     }
 
 /* Integers: T the type, U its unsigned twin, W the unsigned type the
@@ -96,23 +99,23 @@ FLOAT_KERNELS(f64, double)
 HALF_KERNELS(f16, f16_to_f32, f32_to_f16)
 HALF_KERNELS(bf16, bf16_to_f32, f32_to_bf16)
 
-typedef struct kernel_pair {
-    acc_fn acc;
+typedef struct kernel_loops {
+    acc_fn acc, swapped;
     comb_fn comb;
-} kernel_pair_t;
+} kernel_loops_t;
 
-#define PAIR(name) {acc_##name, comb_##name}
-#define NO_PAIR {0, 0}
+#define LOOPS(name) {acc_##name, swp_##name, comb_##name}
+#define NO_LOOPS {0, 0, 0}
 
 /* [dtype][op]; AVG uses SUM's loops, the rest are refused earlier by
  * slime_redop_check */
-static const kernel_pair_t kernels[10][8] = {
+static const kernel_loops_t kernels[10][8] = {
 #define INT_ROW(tn)                                                                        \
-    {PAIR(tn##_sum), PAIR(tn##_prod), PAIR(tn##_min), PAIR(tn##_max), NO_PAIR,             \
-     PAIR(tn##_band), PAIR(tn##_bor), PAIR(tn##_bxor)}
+    {LOOPS(tn##_sum), LOOPS(tn##_prod), LOOPS(tn##_min), LOOPS(tn##_max), NO_LOOPS,             \
+     LOOPS(tn##_band), LOOPS(tn##_bor), LOOPS(tn##_bxor)}
 #define FLOAT_ROW(tn)                                                                      \
-    {PAIR(tn##_sum), PAIR(tn##_prod), PAIR(tn##_min), PAIR(tn##_max), PAIR(tn##_sum),      \
-     NO_PAIR, NO_PAIR, NO_PAIR}
+    {LOOPS(tn##_sum), LOOPS(tn##_prod), LOOPS(tn##_min), LOOPS(tn##_max), LOOPS(tn##_sum),      \
+     NO_LOOPS, NO_LOOPS, NO_LOOPS}
     [SLIME_DT_INT8] = INT_ROW(i8),
     [SLIME_DT_UINT8] = INT_ROW(u8),
     [SLIME_DT_INT16] = INT_ROW(i16),
@@ -122,12 +125,16 @@ static const kernel_pair_t kernels[10][8] = {
     [SLIME_DT_BFLOAT16] = FLOAT_ROW(bf16),
     [SLIME_DT_FLOAT32] = FLOAT_ROW(f32),
     [SLIME_DT_FLOAT64] = FLOAT_ROW(f64),
-    [SLIME_DT_BOOL] = {PAIR(b_or), PAIR(b_and), PAIR(b_and), PAIR(b_or), NO_PAIR, PAIR(b_and),
-                       PAIR(b_or), PAIR(b_xor)},
+    [SLIME_DT_BOOL] = {LOOPS(b_or), LOOPS(b_and), LOOPS(b_and), LOOPS(b_or), NO_LOOPS, LOOPS(b_and),
+                       LOOPS(b_or), LOOPS(b_xor)},
 };
 
 void red_accumulate(slime_dtype_t dt, slime_redop_t op, void *acc, const void *in, size_t n) {
     if (n) kernels[dt][op].acc(acc, in, n);
+}
+
+void red_accumulate_swapped(slime_dtype_t dt, slime_redop_t op, void *acc, const void *in, size_t n) {
+    if (n) kernels[dt][op].swapped(acc, in, n);
 }
 
 void (*red_accumulator(slime_dtype_t dt, slime_redop_t op))(void *acc, const void *in, size_t n) {

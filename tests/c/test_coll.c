@@ -193,6 +193,40 @@ static void nan_wins(h_rank_t *r)
     slime_comm_destroy(comm);
 }
 
+/* MIN and MAX of +0 and -0 depend on the operands' order: every rank
+ * must still hold the very same bits, whichever algorithm ran (the shared
+ * box, recursive doubling, the ring). */
+static void signed_zeros_agree(h_rank_t *r)
+{
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    const slime_redop_t ops[] = {SLIME_RED_MIN, SLIME_RED_MAX};
+    const size_t counts[] = {9, 1000, 100 * H_KIB};
+    for (size_t o = 0; o < 2; o++) {
+        for (size_t c = 0; c < 3; c++) {
+            size_t count = counts[c];
+            float *buf = h_alloc(count * sizeof *buf);
+            for (size_t i = 0; i < count; i++)
+                buf[i] = (r->rank + (int)i) % 2 ? -0.0f : 0.0f;
+            T_RUN(slime_allreduce(comm, buf, count, SLIME_DT_FLOAT32, ops[o], &q_));
+            uint64_t digest = 1469598103934665603ull;
+            for (size_t i = 0; i < count; i++) {
+                H_CHECK(buf[i] == 0.0f);
+                uint32_t bits;
+                memcpy(&bits, &buf[i], 4);
+                digest = (digest ^ bits) * 1099511628211ull;
+            }
+            if (r->rank == 0) {
+                for (int k = 1; k < r->nranks; k++)
+                    H_CHECK_EQ(h_ctl_recv_u64(r, k), digest);
+            } else {
+                h_ctl_send_u64(r, 0, digest);
+            }
+            free(buf);
+        }
+    }
+    slime_comm_destroy(comm);
+}
+
 /* Many collectives posted before any is waited for: they run in order
  * and none takes another's messages. */
 static void back_to_back(h_rank_t *r)
@@ -282,6 +316,8 @@ int main(int argc, char **argv)
         {"exact_two", exact_two, 2, false, 0},
         {"same_bits_3", same_bits, 3, false, 0},
         {"nan_wins", nan_wins, 3, false, 0},
+        {"signed_zeros_agree_2", signed_zeros_agree, 2, false, 0},
+        {"signed_zeros_agree_4", signed_zeros_agree, 4, false, 0},
         {"back_to_back_2", back_to_back, 2, false, 0},
         {"back_to_back_3", back_to_back, 3, false, 0},
         {"two_comms", two_comms, 4, false, 0},
