@@ -126,6 +126,24 @@ static void exact_two(h_rank_t *r)
     slime_comm_destroy(comm);
 }
 
+/* Every rank holds the very same bits in buf: a digest of them, compared
+ * at rank 0. */
+static void check_same_bits(h_rank_t *r, const float *buf, size_t count)
+{
+    uint64_t digest = 1469598103934665603ull;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t bits;
+        memcpy(&bits, &buf[i], 4);
+        digest = (digest ^ bits) * 1099511628211ull;
+    }
+    if (r->rank == 0) {
+        for (int k = 1; k < r->nranks; k++)
+            H_CHECK_EQ(h_ctl_recv_u64(r, k), digest);
+    } else {
+        h_ctl_send_u64(r, 0, digest);
+    }
+}
+
 /* Three ranks, sums that round: every rank must hold the very same bits,
  * close to the exact sum. */
 static void same_bits(h_rank_t *r)
@@ -138,7 +156,6 @@ static void same_bits(h_rank_t *r)
         for (size_t i = 0; i < count; i++)
             buf[i] = (float)t_real(r->rank, i);
         T_RUN(slime_allreduce(comm, buf, count, SLIME_DT_FLOAT32, SLIME_RED_SUM, &q_));
-        uint64_t digest = 1469598103934665603ull;
         for (size_t i = 0; i < count; i++) {
             double exact = 0, mag = 0;
             for (int k = 0; k < r->nranks; k++) {
@@ -147,16 +164,8 @@ static void same_bits(h_rank_t *r)
             }
             if (fabs((double)buf[i] - exact) > 4 * FLT_EPSILON * mag)
                 h_fail(__FILE__, __LINE__, "element %zu: %.9g, exact %.9g", i, (double)buf[i], exact);
-            uint32_t bits;
-            memcpy(&bits, &buf[i], 4);
-            digest = (digest ^ bits) * 1099511628211ull;
         }
-        if (r->rank == 0) {
-            for (int k = 1; k < r->nranks; k++)
-                H_CHECK_EQ(h_ctl_recv_u64(r, k), digest);
-        } else {
-            h_ctl_send_u64(r, 0, digest);
-        }
+        check_same_bits(r, buf, count);
         free(buf);
     }
     slime_comm_destroy(comm);
@@ -208,19 +217,9 @@ static void signed_zeros_agree(h_rank_t *r)
             for (size_t i = 0; i < count; i++)
                 buf[i] = (r->rank + (int)i) % 2 ? -0.0f : 0.0f;
             T_RUN(slime_allreduce(comm, buf, count, SLIME_DT_FLOAT32, ops[o], &q_));
-            uint64_t digest = 1469598103934665603ull;
-            for (size_t i = 0; i < count; i++) {
+            for (size_t i = 0; i < count; i++)
                 H_CHECK(buf[i] == 0.0f);
-                uint32_t bits;
-                memcpy(&bits, &buf[i], 4);
-                digest = (digest ^ bits) * 1099511628211ull;
-            }
-            if (r->rank == 0) {
-                for (int k = 1; k < r->nranks; k++)
-                    H_CHECK_EQ(h_ctl_recv_u64(r, k), digest);
-            } else {
-                h_ctl_send_u64(r, 0, digest);
-            }
+            check_same_bits(r, buf, count);
             free(buf);
         }
     }
