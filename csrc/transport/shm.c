@@ -104,7 +104,7 @@ void *shm_map(int fd, size_t len) {
  * 0.2 and now 8.8 ms (9 pairs each, interleaved, loaded machine; about 4
  * ms quiet).  Bounded, since a dialer chooses its ring's size (and the
  * acceptor maps it before the hello is checked): a segment of rings over
- * 8 MiB (twice the default) is faulted lazily. */
+ * 8 MiB (sixteen times the default) is faulted lazily. */
 #define SEG_POPULATE_MAX shm_seg_size(8u << 20)
 
 void *shm_map_ring(int fd, size_t len, bool creator) {

@@ -200,11 +200,18 @@ slime_status_t shm_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t dead
                         int *fd_out, wire_welcome_t *w) {
     *conn = NULL;
     *fd_out = -1;
-    /* 4 MiB: room for one side to run ahead while the other is off its
-     * core (2 cores, shared), in 256 KiB chunks that each side publishes
-     * as it goes; measured sendrecv 16 MiB 4.7 -> 7.3 GB/s, 64 MiB 5.1 ->
-     * 6.3 (1 MiB ring, 128 KiB chunks before) */
-    uint64_t ring = env_size("DLSLIME_SHM_RING", 4u << 20);
+    /* 512 KiB: eight of the 64 KiB pieces each side publishes as it goes
+     * (DLSLIME_SHM_CHUNK), room enough to run ahead, and few enough lines
+     * that a message's trip stays in cache: every message moves on
+     * through the ring, so a large ring cycles all of itself through the
+     * caches, evicting the data and the code around the transfer.  4 MiB
+     * -> 512 KiB, alternating runs: p2p_bench sendrecv (avg us) 1 MiB 92
+     * -> 85, 4 MiB 385 -> 360, allreduce 256 KiB 43 -> 33, 1 MiB 173 ->
+     * 155; through torch, 2 ranks, all_reduce 1 MiB 216 -> 191, send/recv
+     * 1 MiB 104 -> 91; 4 ranks on 2 cores level within the noise (+-10%);
+     * streamed 32 MiB messages level or faster.  256 KiB slowed a 1 MiB
+     * broadcast through torch by a fifth. */
+    uint64_t ring = env_size("DLSLIME_SHM_RING", 512u << 10);
     if (ring < RING_MIN || ring > RING_MAX)
         return slime_errorf(SLIME_ERR_INVAL, "DLSLIME_SHM_RING=%" PRIu64 ": a ring is %llu bytes to %llu", ring, RING_MIN,
                             RING_MAX);
