@@ -218,6 +218,10 @@ void run_init(coll_run_t *r, slime_comm_t *comm, const coll_op_t *op);
 uint64_t run_deadline(coll_run_t *r, uint64_t now);
 /* Post one message of this collective; a handle, or -1 once failed. */
 int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
+/* run_send of a message whose receive is posted already, or nearly
+ * always is (send_opts_t.recv_posted): eager past the eager size too,
+ * where a rendezvous would offer no single copy. */
+int run_send_to_posted(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
 /* run_send for a sender that could run ahead of its receiver (a rank
  * that only sends): every COLL_AHEAD_MAX-th collective it completes only
  * once the receiver took the bytes (send_opts_t.sync), so that such a rank
@@ -234,8 +238,9 @@ int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_
  * a scratch slot), which, of CHUNK_FETCH_MIN-MAX bytes (exchange.c), with
  * no more ranks than cores, to a peer that can copy it straight from our
  * memory (shm), goes by rendezvous: the receiver fetches it, one copy
- * where the stream makes two.  The send completes once it has. */
-int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
+ * where the stream makes two.  The send completes once it has.  Else
+ * (posted) it goes as run_send_to_posted does. */
+int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len, bool posted);
 int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len);
 /* run_recv into a piece of a large buffer that nobody reads before the
  * collective ends (recv_opts_t.cold): shm stores it past the cache. */

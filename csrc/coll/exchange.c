@@ -116,7 +116,7 @@ static int slot_posted(coll_run_t *r, int h, slime_status_t st) {
     return -1;
 }
 
-enum xfer_kind { XFER_RECV, XFER_SEND, XFER_SEND_SYNC, XFER_SEND_FETCHED };
+enum xfer_kind { XFER_RECV, XFER_SEND, XFER_SEND_POSTED, XFER_SEND_SYNC, XFER_SEND_FETCHED };
 
 /* A synchronous send of a whole buffer up to this size is fetched by
  * its receiver (one copy by CMA) on any host; past it, and for every
@@ -149,6 +149,7 @@ static int post(coll_run_t *r, enum xfer_kind kind, int peer, uint32_t step, voi
     slime_req_t **q = &r->x[h].req;
     slime_ep_t *ep = c->peers[peer];
     const send_opts_t so = {.sync = kind == XFER_SEND_SYNC || kind == XFER_SEND_FETCHED,
+                            .recv_posted = kind == XFER_SEND_POSTED,
                             .path = send_path(kind, len)};
     slime_status_t st = kind == XFER_RECV ? slime_recv(ep, buf, len, tag, q) : p2p_send(ep, buf, len, tag, &so, q);
     return slot_posted(r, h, st);
@@ -156,6 +157,10 @@ static int post(coll_run_t *r, enum xfer_kind kind, int peer, uint32_t step, voi
 
 int run_send(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
     return post(r, XFER_SEND, peer, step, (void *)buf, len);
+}
+
+int run_send_to_posted(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
+    return post(r, XFER_SEND_POSTED, peer, step, (void *)buf, len);
 }
 
 /* A rank that only sends in a collective (a broadcast's root, a gather's
@@ -208,9 +213,10 @@ int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_
 #define CHUNK_FETCH_MIN (128u << 10)
 #define CHUNK_FETCH_MAX (512u << 10)
 
-int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {
+int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len, bool posted) {
     bool fetch = len >= CHUNK_FETCH_MIN && len <= CHUNK_FETCH_MAX && receiver_copies_from_us(r, peer);
-    return post(r, fetch ? XFER_SEND_FETCHED : XFER_SEND, peer, step, (void *)buf, len);
+    enum xfer_kind kind = fetch ? XFER_SEND_FETCHED : posted ? XFER_SEND_POSTED : XFER_SEND;
+    return post(r, kind, peer, step, (void *)buf, len);
 }
 
 int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len) {

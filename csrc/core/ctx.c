@@ -214,5 +214,6 @@ uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which) {
     if (ctx && which == SLIME_COUNTER_UNEXPECTED_COPIES) return atomic_load(&ctx->unexp_copies);
     if (ctx && which == SLIME_COUNTER_PARKED) return atomic_load(&ctx->parks);
     if (ctx && which == SLIME_COUNTER_BOX_OPS) return atomic_load(&ctx->box_ops);
+    if (ctx && which == SLIME_COUNTER_RENDEZVOUS) return atomic_load(&ctx->rndv_sends);
     return ctx ? transports_counter(ctx, which) : 0;
 }

@@ -55,6 +55,7 @@ struct slime_req {
     bool cold;
     /* send_opts_t (p2p_send) */
     bool sync;
+    bool recv_posted;
     send_path_t path;
     slime_mr_t *local_mr;       /* RMA: the local region, pinned */
     /* batches */
@@ -491,6 +492,7 @@ struct slime_ctx {
     _Atomic uint64_t unexp_copies; /* SLIME_COUNTER_UNEXPECTED_COPIES */
     _Atomic uint64_t parks;     /* SLIME_COUNTER_PARKED */
     _Atomic uint64_t box_ops;   /* SLIME_COUNTER_BOX_OPS */
+    _Atomic uint64_t rndv_sends; /* SLIME_COUNTER_RENDEZVOUS */
 };
 
 /* team.c: splits a chunked job between the calling thread and the

@@ -74,6 +74,18 @@ static void take_parked(slime_ctx_t *ctx, slime_req_t *req) {
     }
 }
 
+/* Under ctx->lock: whether a send goes eagerly.  By its size, or
+ * because its receive is posted already (send_opts_t.recv_posted) and
+ * its rendezvous would offer no single copy (a CMA fetch, an RDMA read):
+ * then the rendezvous moves the bytes just as an eager send does, after
+ * a round trip.  Else *rts is its announcement, the offer made. */
+static bool send_eagerly(slime_ep_t *ep, const slime_op_t *op, slime_req_t *req, frame_t *rts) {
+    if (op->len <= (req->sync ? 0 : ep->eager)) return true;
+    *rts = (frame_t){.type = F_RTS, .a = op->tag, .c = op->len};
+    if (ep->tp->rndv_offer) ep->tp->rndv_offer(ep, req, rts);
+    return req->recv_posted && !req->sync && !(rts->flags & FF_RDMA);
+}
+
 /* Under ctx->lock: a send.  An eager one with nothing queued before it
  * is written at once from its header, with no queue entry, when the
  * transport takes it whole (the shm ring with room, a socket with buffer
@@ -82,8 +94,9 @@ static void take_parked(slime_ctx_t *ctx, slime_req_t *req) {
  * one-way time over shm).  Whatever the transport did not take is queued,
  * as every other send is. */
 static void post_send(slime_ctx_t *ctx, slime_ep_t *ep, const slime_op_t *op, slime_req_t *req) {
-    bool eager = op->len <= (req->sync ? 0 : ep->eager);
-    frame_t hdr = {.type = eager ? F_EAGER : F_RTS, .a = op->tag, .len = eager ? op->len : 0};
+    frame_t rts = {0};
+    bool eager = send_eagerly(ep, op, req, &rts);
+    frame_t hdr = eager ? (frame_t){.type = F_EAGER, .a = op->tag, .len = op->len} : rts;
     size_t sent = 0; /* of the frame, written at once */
     list_push_back(&ep->pending, &req->eplink);
     if (eager && list_empty(&ep->txq)) {
@@ -100,6 +113,7 @@ static void post_send(slime_ctx_t *ctx, slime_ep_t *ep, const slime_op_t *op, sl
     txn_t *t = txn_new(hdr.type, 0);
     if (!t || (!eager && !req_id_assign(ctx, req))) {
         free(t);
+        if (!eager && ep->tp->rndv_release) ep->tp->rndv_release(ep, req); /* its offer */
         /* part of the frame in the stream: the rest can never follow */
         if (sent) ep_fail(ep, SLIME_ERR_NOMEM, "out of memory queueing a send");
         else req_complete(req, SLIME_ERR_NOMEM, "out of memory posting a send");
@@ -112,8 +126,7 @@ static void post_send(slime_ctx_t *ctx, slime_ep_t *ep, const slime_op_t *op, sl
         t->req = req;
     } else {
         t->hdr.b = req->id;
-        t->hdr.c = op->len;
-        if (ep->tp->rndv_offer) ep->tp->rndv_offer(ep, req, &t->hdr);
+        atomic_fetch_add_explicit(&ctx->rndv_sends, 1, memory_order_relaxed);
     }
     frames_queue(ep, t);
     frames_flush(ep);
@@ -181,6 +194,7 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
         }
         if (so) {
             req->sync = so->sync;
+            req->recv_posted = so->recv_posted;
             req->path = so->path;
         }
         op_post(ctx, op, &d, req);

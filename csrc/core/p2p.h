@@ -75,6 +75,13 @@ typedef struct send_opts {
      * rendezvous copies it once, and the receiver then drains a backlog
      * instead of taking each message as it comes. */
     bool sync;
+    /* the receive is posted before this send, or nearly always is (a
+     * ring's chunks, when the run's every receive is posted before its
+     * first send): past the eager size the send still goes eagerly where
+     * its rendezvous would offer the receiver no single copy, as it then
+     * only costs a round trip.  A late receiver copies it twice, as any
+     * early eager message, within the unexpected-bytes cap. */
+    bool recv_posted;
     send_path_t path;
 } send_opts_t;
 

@@ -144,6 +144,7 @@ static const int_constant_t int_constants[] = {
     {"COUNTER_BOX_OPS", SLIME_COUNTER_BOX_OPS},
     {"COUNTER_DOORBELLS", SLIME_COUNTER_DOORBELLS},
     {"COUNTER_SHM_FETCHES", SLIME_COUNTER_SHM_FETCHES},
+    {"COUNTER_RENDEZVOUS", SLIME_COUNTER_RENDEZVOUS},
 };
 
 static int add_types(PyObject *module)

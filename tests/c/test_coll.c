@@ -226,6 +226,26 @@ static void signed_zeros_agree(h_rank_t *r)
     slime_comm_destroy(comm);
 }
 
+/* Over tcp, a ring whose every receive is posted before its first send
+ * sends its chunks eagerly, even past the eager size: no rendezvous.  A
+ * ring of more chunks than its window keeps them.  (Over shm the rings
+ * keep their rendezvous, which the receiver may fetch.) */
+static void posted_chunks_eager(h_rank_t *r)
+{
+    const char *tp = getenv("DLSLIME_TRANSPORT");
+    bool tcp = tp && strcmp(tp, "tcp") == 0;
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    uint64_t before = slime_ctx_counter(r->ctx, SLIME_COUNTER_RENDEZVOUS);
+    /* 1 MiB on 2 ranks: a chunk of 512 KiB a step, past tcp's 256 KiB */
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, H_MIB / 4);
+    uint64_t after_short = slime_ctx_counter(r->ctx, SLIME_COUNTER_RENDEZVOUS);
+    if (tcp) H_CHECK_EQ(after_short, before);
+    /* 16 MiB: eight 1 MiB chunks a step */
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 4 * H_MIB);
+    if (tcp) H_CHECK(slime_ctx_counter(r->ctx, SLIME_COUNTER_RENDEZVOUS) > after_short);
+    slime_comm_destroy(comm);
+}
+
 /* Many collectives posted before any is waited for: they run in order
  * and none takes another's messages. */
 static void back_to_back(h_rank_t *r)
@@ -317,6 +337,7 @@ int main(int argc, char **argv)
         {"nan_wins", nan_wins, 3, false, 0},
         {"signed_zeros_agree_2", signed_zeros_agree, 2, false, 0},
         {"signed_zeros_agree_4", signed_zeros_agree, 4, false, 0},
+        {"posted_chunks_eager", posted_chunks_eager, 2, false, 0},
         {"back_to_back_2", back_to_back, 2, false, 0},
         {"back_to_back_3", back_to_back, 3, false, 0},
         {"two_comms", two_comms, 4, false, 0},

@@ -182,6 +182,10 @@ typedef enum slime_counter {
      * sender's memory (CMA) instead of through the rings: on a host with
      * more of our processes than cores (DLSLIME_SHM_FETCH) */
     SLIME_COUNTER_SHM_FETCHES = 8,
+    /* sends this context posted by rendezvous (an announcement first,
+     * the bytes once the receiver asks or fetches them) rather than
+     * eagerly */
+    SLIME_COUNTER_RENDEZVOUS = 9,
 } slime_counter_t;
 /* The counter's value; 0 for an unknown counter. */
 SLIME_API uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which);
