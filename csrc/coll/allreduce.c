@@ -5,7 +5,6 @@
  * allgather in one stream of chunks (each rank moves 2 (n-1)/n of the
  * buffer, whatever n is). */
 #include <stdint.h>
-#include <string.h>
 
 #include "coll/coll.h"
 #include "coll/reduce_kernels.h"

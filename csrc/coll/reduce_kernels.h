@@ -11,7 +11,8 @@
 void red_accumulate(slime_dtype_t dt, slime_redop_t op, void *acc, const void *in, size_t n);
 /* acc[i] = in[i] op acc[i]: red_accumulate with the operands the other
  * way round, for a rank that must combine its partner's data first (so
- * that both end with the same bits: NaN payloads follow the order) */
+ * that both end with the same bits: MIN and MAX of +0 and -0 follow the
+ * order) */
 void red_accumulate_swapped(slime_dtype_t dt, slime_redop_t op, void *acc, const void *in, size_t n);
 /* out[i] = a[i] op b[i]; out overlaps neither input. */
 void red_combine(slime_dtype_t dt, slime_redop_t op, void *out, const void *a, const void *b,

@@ -232,8 +232,7 @@ static void signed_zeros_agree(h_rank_t *r)
  * keep their rendezvous, which the receiver may fetch.) */
 static void posted_chunks_eager(h_rank_t *r)
 {
-    const char *tp = getenv("DLSLIME_TRANSPORT");
-    bool tcp = tp && strcmp(tp, "tcp") == 0;
+    bool tcp = strcmp(h_transport(), "tcp") == 0;
     slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
     uint64_t before = slime_ctx_counter(r->ctx, SLIME_COUNTER_RENDEZVOUS);
     /* 1 MiB on 2 ranks: a chunk of 512 KiB a step, past tcp's 256 KiB */
