@@ -21,6 +21,13 @@ txn_t *txn_new(uint8_t type, size_t textlen) {
     return t;
 }
 
+frame_t frame_eager(uint64_t tag, uint64_t len) {
+    if (len > UINT32_MAX) return (frame_t){.type = F_EAGER, .a = tag, .len = len};
+    return (frame_t){.type = F_EAGER, .flags = FF_SHORT, .u32 = (uint32_t)len, .a = tag, .len = len};
+}
+
+size_t frame_wire_size(const frame_t *h) { return h->flags & FF_SHORT ? FRAME_SHORT : sizeof *h; }
+
 void frames_queue(slime_ep_t *ep, txn_t *t) { list_push_back(&ep->txq, &t->link); }
 
 static void tx_done(slime_ep_t *ep, txn_t *t) {
@@ -52,7 +59,7 @@ int frames_flush(slime_ep_t *ep) {
         slime_list_t *pos;
         for (pos = ep->txq.next; pos != &ep->txq && n + 2 <= TX_IOV; pos = pos->next) {
             txn_t *t = container_of(pos, txn_t, link);
-            size_t hs = sizeof t->hdr;
+            size_t hs = frame_wire_size(&t->hdr);
             if (t->sent < hs) {
                 iov[n].iov_base = (uint8_t *)&t->hdr + t->sent;
                 iov[n].iov_len = hs - t->sent;
@@ -72,7 +79,7 @@ int frames_flush(slime_ep_t *ep) {
         size_t left = (size_t)w;
         while (left && !list_empty(&ep->txq)) {
             txn_t *t = container_of(ep->txq.next, txn_t, link);
-            size_t total = sizeof t->hdr + t->hdr.len, k = min_sz(left, total - t->sent);
+            size_t total = frame_wire_size(&t->hdr) + t->hdr.len, k = min_sz(left, total - t->sent);
             t->sent += k;
             left -= k;
             if (t->sent == total) tx_done(ep, t);
@@ -80,7 +87,7 @@ int frames_flush(slime_ep_t *ep) {
         /* zero-length payload frames finish with their header */
         while (!list_empty(&ep->txq)) {
             txn_t *t = container_of(ep->txq.next, txn_t, link);
-            if (t->sent != sizeof t->hdr + t->hdr.len) break;
+            if (t->sent != frame_wire_size(&t->hdr) + t->hdr.len) break;
             tx_done(ep, t);
         }
         if ((size_t)w < want) break;
@@ -92,11 +99,12 @@ int frames_flush(slime_ep_t *ep) {
 }
 
 int frames_send_now(slime_ep_t *ep, const frame_t *hdr, const void *payload, size_t *sent) {
-    struct iovec iov[2] = {{(void *)hdr, sizeof *hdr}, {(void *)payload, hdr->len}};
+    size_t hs = frame_wire_size(hdr);
+    struct iovec iov[2] = {{(void *)hdr, hs}, {(void *)payload, hdr->len}};
     ssize_t w = ep->tp->writev(ep, iov, hdr->len ? 2 : 1);
     if (w < 0) return -1;
     *sent = (size_t)w;
-    return *sent == sizeof *hdr + hdr->len;
+    return *sent == hs + hdr->len;
 }
 
 static void rx_reset(rx_ctx_t *rx) {
@@ -113,6 +121,26 @@ static void rx_reset(rx_ctx_t *rx) {
 
 static int rx_frames(slime_ep_t *ep);
 
+/* A header read whole: known, and in its long form (the short one's
+ * length moved to len, its other fields zero), or the endpoint failed. */
+static bool frame_expand(slime_ep_t *ep, frame_t *h) {
+    if (h->type == 0 || h->type >= F_TYPE_MAX) {
+        ep_fail(ep, SLIME_ERR_PROTOCOL, "peer sent an unknown frame type %u", h->type);
+        return false;
+    }
+    if (!(h->flags & FF_SHORT)) return true;
+    if (h->type != F_EAGER) {
+        ep_fail(ep, SLIME_ERR_PROTOCOL, "peer sent a short frame of type %u", h->type);
+        return false;
+    }
+    uint64_t len = h->u32;
+    memset((uint8_t *)h + FRAME_SHORT, 0, sizeof *h - FRAME_SHORT);
+    h->flags &= (uint8_t)~FF_SHORT;
+    h->u32 = 0;
+    h->len = len;
+    return true;
+}
+
 int frames_rx(slime_ep_t *ep) {
     int did = rx_frames(ep);
     ep->heard += (unsigned)did; /* liveness.c */
@@ -128,15 +156,14 @@ static int rx_frames(slime_ep_t *ep) {
             proto_on_header(ep); /* retry: is there room now? */
             if (rx->paused || ep->state != EP_UP) break;
         } else if (rx->state == RX_HDR) {
-            ssize_t n = ep->tp->read(ep, (uint8_t *)&rx->hdr + rx->hdr_got, sizeof rx->hdr - rx->hdr_got);
+            /* the short form first: its flags say whether more follows */
+            size_t need = rx->hdr_got < FRAME_SHORT ? FRAME_SHORT : sizeof rx->hdr;
+            ssize_t n = ep->tp->read(ep, (uint8_t *)&rx->hdr + rx->hdr_got, need - rx->hdr_got);
             if (n <= 0) break;
             moved += (size_t)n;
             rx->hdr_got += (size_t)n;
-            if (rx->hdr_got < sizeof rx->hdr) continue;
-            if (rx->hdr.type == 0 || rx->hdr.type >= F_TYPE_MAX) {
-                ep_fail(ep, SLIME_ERR_PROTOCOL, "peer sent an unknown frame type %u", rx->hdr.type);
-                break;
-            }
+            if (rx->hdr_got < need || (need == FRAME_SHORT && !(rx->hdr.flags & FF_SHORT))) continue;
+            if (!frame_expand(ep, &rx->hdr)) break;
             rx->state = RX_PAYLOAD;
             rx->left = rx->hdr.len;
             rx->got = 0;

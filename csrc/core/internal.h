@@ -348,6 +348,10 @@ int frames_flush(slime_ep_t *ep);   /* >0 if it moved bytes */
  * it whole; 0 when not (*sent: the bytes that went, which the caller
  * queues the rest after); -1 when the endpoint failed. */
 int frames_send_now(slime_ep_t *ep, const frame_t *hdr, const void *payload, size_t *sent);
+/* An F_EAGER header, in the short form where its length allows. */
+frame_t frame_eager(uint64_t tag, uint64_t len);
+/* The bytes of h on the wire (the short form's or the whole header). */
+size_t frame_wire_size(const frame_t *h);
 int frames_rx(slime_ep_t *ep);      /* >0 if it moved bytes */
 /* proto.c */
 void proto_on_header(slime_ep_t *ep);

@@ -96,7 +96,7 @@ static bool send_eagerly(slime_ep_t *ep, const slime_op_t *op, slime_req_t *req,
 static void post_send(slime_ctx_t *ctx, slime_ep_t *ep, const slime_op_t *op, slime_req_t *req) {
     frame_t rts = {0};
     bool eager = send_eagerly(ep, op, req, &rts);
-    frame_t hdr = eager ? (frame_t){.type = F_EAGER, .a = op->tag, .len = op->len} : rts;
+    frame_t hdr = eager ? frame_eager(op->tag, op->len) : rts;
     size_t sent = 0; /* of the frame, written at once */
     list_push_back(&ep->pending, &req->eplink);
     if (eager && list_empty(&ep->txq)) {

@@ -5,6 +5,7 @@
 #ifndef SLIME_WIRE_H
 #define SLIME_WIRE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dlslime/dlslime.h"
@@ -109,18 +110,26 @@ enum frame_type {
 };
 #define FF_IMM 0x1u
 #define FF_RDMA 0x2u
+/* The short form of an F_EAGER frame: only the first FRAME_SHORT bytes
+ * (type to a) go on the wire, with the payload's length in u32.  A small
+ * message then fits one cache line with its payload and the shm ring's
+ * packet header (shm_ring.c): an 8-byte send is 32 bytes, not 72. */
+#define FF_SHORT 0x4u
+#define FRAME_SHORT 16u
 
 typedef struct frame {
     uint8_t type;
     uint8_t flags;
     uint16_t pad;
     uint32_t u32;
+    uint64_t a;    /* here, in the short form's bytes */
     uint32_t rkey;
     uint32_t pad2;
-    uint64_t a, b, c, d;
+    uint64_t b, c, d;
     uint64_t len;
 } frame_t;
 _Static_assert(sizeof(frame_t) == 56, "frame header size");
+_Static_assert(offsetof(frame_t, a) + sizeof(uint64_t) == FRAME_SHORT, "the short form ends with a");
 
 #define WIRE_ERRTEXT_MAX 256
 

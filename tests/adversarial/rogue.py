@@ -6,6 +6,7 @@ The rogue holds the job's token (it computes the same proof as the core,
 core/token.c): the attacks here are those of a peer inside the job.
 """
 
+import collections
 import fcntl
 import hashlib
 import os
@@ -34,7 +35,12 @@ F_READ_REQ = 7
 
 _HELLO = struct.Struct("<IHBBQQIIQ")
 _WELCOME = struct.Struct("<IHHQII96s")
-_FRAME = struct.Struct("<BBHIIIQQQQQ")
+_FRAME = struct.Struct("<BBHIQIIQQQQ")   # wire.h: frame_t
+_FRAME_SHORT = struct.Struct("<BBHIQ")     # its short form (FF_SHORT): type to a, the length in u32
+_FRAME_REST = struct.Struct("<IIQQQQ")     # the long form's rest: rkey to len
+FF_SHORT = 0x4
+
+Frame = collections.namedtuple("Frame", "type flags u32 a rkey b c d len")
 
 _MASK = (1 << 64) - 1
 
@@ -169,7 +175,7 @@ def forge_mr_entry(table_fd, slot, rkey, addr, length, access=3):
 def read_request(handle, length, req_id=1, rkey=0):
     """An F_READ_REQ frame: the target must answer it (here with an error,
     as no region has that handle)."""
-    return _FRAME.pack(F_READ_REQ, 0, 0, 0, rkey, 0, handle, 0, req_id, length, 0)
+    return frame(F_READ_REQ, a=handle, c=req_id, d=length, rkey=rkey)
 
 
 def address_tcp_port(address):
@@ -194,9 +200,19 @@ def silent_connections(address, transport, n):
 F_EAGER, F_RTS, F_IMM = 1, 2, 9
 
 
-def frame(ftype, a=0, b=0, c=0, d=0, u32=0, length=0):
-    """A frame header (wire.h: frame_t)."""
-    return _FRAME.pack(ftype, 0, 0, u32, 0, 0, a, b, c, d, length)
+def frame(ftype, a=0, b=0, c=0, d=0, u32=0, length=0, flags=0, rkey=0):
+    """A frame header in its long form (wire.h: frame_t)."""
+    return _FRAME.pack(ftype, flags, 0, u32, a, rkey, 0, b, c, d, length)
+
+
+def read_frame(recv_exact):
+    """The next frame header from recv_exact(n) (n bytes, all of them),
+    in either form, as a Frame."""
+    ftype, flags, _pad, u32, a = _FRAME_SHORT.unpack(recv_exact(_FRAME_SHORT.size))
+    if flags & FF_SHORT:
+        return Frame(ftype, flags & ~FF_SHORT, 0, a, 0, 0, 0, 0, u32)
+    rkey, _pad2, b, c, d, length = _FRAME_REST.unpack(recv_exact(_FRAME_REST.size))
+    return Frame(ftype, flags, u32, a, rkey, b, c, d, length)
 
 
 def tcp_session(address, ctx_id, timeout=CONNECT_TIMEOUT_MS / 1000, pid=None):

@@ -11,7 +11,6 @@ its rendezvous fetched (the control that shows the test can tell).
 """
 
 import socket
-import struct
 import subprocess
 
 import numpy as np
@@ -24,7 +23,6 @@ from target import ECHO_BYTES, assert_serves, target
 pytestmark = pytest.mark.timeout(120)
 
 F_CTS, F_DATA, F_RNDV_DONE, FF_RDMA = 3, 4, 10, 0x2
-_FRAME = struct.Struct("<BBHIIIQQQQQ")
 TAG_IN, TAG_ECHO = 1, 2
 
 
@@ -40,9 +38,9 @@ def recv_exact(sock, n):
 def next_frame(sock, types):
     """The next frame of one of types (others skipped): (header, payload)."""
     while True:
-        head = _FRAME.unpack(recv_exact(sock, _FRAME.size))
-        payload = recv_exact(sock, head[10]) if head[10] else b""
-        if head[0] in types:
+        head = rogue.read_frame(lambda n: recv_exact(sock, n))
+        payload = recv_exact(sock, head.len) if head.len else b""
+        if head.type in types:
             return head, payload
 
 
@@ -59,12 +57,12 @@ def readable_address(pid):
 def announce(sock, addr):
     """A rendezvous of ECHO_BYTES for the target's receive, offered for
     fetching from addr."""
-    sock.sendall(_FRAME.pack(rogue.F_RTS, FF_RDMA, 0, 0, 0, 0, TAG_IN, 1, ECHO_BYTES, addr, 0))
+    sock.sendall(rogue.frame(rogue.F_RTS, a=TAG_IN, b=1, c=ECHO_BYTES, d=addr, flags=FF_RDMA))
 
 
 def echo_of(sock):
     head, payload = next_frame(sock, {rogue.F_EAGER})
-    assert head[6] == TAG_ECHO
+    assert head.a == TAG_ECHO
     return np.frombuffer(payload, dtype=np.uint8)
 
 
@@ -88,8 +86,8 @@ def test_a_named_pid_that_is_not_the_peer_is_not_read(cma_peer):
             sock.settimeout(10)
             announce(sock, readable_address(victim.pid))
             head, _ = next_frame(sock, {F_CTS, F_RNDV_DONE})
-            assert head[0] == F_CTS, "the target read the memory of a process the peer only named"
-            sock.sendall(rogue.frame(F_DATA, a=head[7], length=ECHO_BYTES) + ours.tobytes())
+            assert head.type == F_CTS, "the target read the memory of a process the peer only named"
+            sock.sendall(rogue.frame(F_DATA, a=head.b, length=ECHO_BYTES) + ours.tobytes())
             assert_bytes_equal(echo_of(sock), ours, "echo of the liar's bytes")
         assert peer.get() == "served"
     finally:
@@ -107,6 +105,6 @@ def test_the_peers_own_pid_is_read(cma_peer):
         sock.settimeout(10)
         announce(sock, ours.ctypes.data)
         head, _ = next_frame(sock, {F_CTS, F_RNDV_DONE})
-        assert head[0] == F_RNDV_DONE and head[3] == 0, "the target did not fetch from its proven peer"
+        assert head.type == F_RNDV_DONE and head.u32 == 0, "the target did not fetch from its proven peer"
         assert_bytes_equal(echo_of(sock), ours, "echo of the fetched bytes")
     assert peer.get() == "served"

@@ -47,6 +47,14 @@ static void frame(buf_t *b, uint8_t type, uint8_t flags, uint32_t u32, uint32_t 
     if (payload) put(b, payload, len);
 }
 
+/* A frame in the short form (FF_SHORT): its first FRAME_SHORT bytes, the
+ * length in u32. */
+static void frame_short(buf_t *b, uint8_t type, uint64_t a, const void *payload, uint32_t len) {
+    frame_t h = {.type = type, .flags = FF_SHORT, .u32 = len, .a = a};
+    put(b, &h, FRAME_SHORT);
+    if (payload) put(b, payload, len);
+}
+
 /* ---- frames ---- */
 
 typedef struct ids {
@@ -80,7 +88,8 @@ static void frames_seeds(const ids_t *id) {
         "eager_matched", "eager_unexpected", "eager_combined", "eager_truncated", "rts_data",
         "rts_rdma_unexpected", "cts", "cts_truncated", "rndv_done", "write_imm", "write_bad_key",
         "read_req", "read_req_outside", "write_ack", "write_ack_error", "read_resp", "read_resp_error",
-        "imm", "ping", "pong", "ping_not_empty", "unknown_type", "eager_over_cap",
+        "imm", "ping", "pong", "eager_short", "ping_not_empty", "short_not_eager", "unknown_type",
+        "eager_over_cap",
     };
     static buf_t s[sizeof name / sizeof name[0]];
     int i = 0;
@@ -107,7 +116,9 @@ static void frames_seeds(const ids_t *id) {
     frame(&s[i++], F_IMM, 0, 8, 0, 0, 0, 0, 0, NULL, 0);
     frame(&s[i++], F_PING, 0, 0, 0, 0, 0, 0, 0, NULL, 0);
     frame(&s[i++], F_PONG, 0, 0, 0, 0, 0, 0, 0, NULL, 0);
+    frame_short(&s[i++], F_EAGER, 1, bytes, 8);
     frame(&s[i++], F_PING, 0, 0, 0, 5, 0, 0, 0, NULL, 0); /* pings carry nothing: a protocol error */
+    frame_short(&s[i++], F_RTS, 1, NULL, 0);              /* only an eager frame is short */
     frame(&s[i++], 42, 0, 0, 0, 0, 0, 0, 0, NULL, 0);
     frame(&s[i++], F_EAGER, 0, 0, 0, 9, 0, 0, 0, NULL, 1ull << 40);
     buf_t all = {0};

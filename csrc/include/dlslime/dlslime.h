@@ -44,7 +44,7 @@ extern "C" {
 #define SLIME_VERSION_MAJOR 0
 #define SLIME_VERSION_MINOR 1
 /* Wire version: peers with a different one are refused at the handshake. */
-#define SLIME_WIRE_VERSION 5
+#define SLIME_WIRE_VERSION 6
 
 #if defined(__GNUC__)
 #define SLIME_API __attribute__((visibility("default")))
