@@ -131,11 +131,14 @@ void *shm_map_ring(int fd, size_t len, bool creator) {
 shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, uint64_t ring, mr_shared_t *peer, bool dialer) {
     shm_conn_t *c = calloc(1, sizeof *c);
     shm_mapping_t *m = malloc(sizeof *m);
-    if (!c || !m) {
+    uint64_t *stale = calloc((ring / SHM_LINE + 63) / 64, sizeof *stale);
+    if (!c || !m || !stale) {
         free(c);
         free(m);
+        free(stale);
         return NULL;
     }
+    c->tx_stale = stale;
     *m = (shm_mapping_t){.addr = seg, .len = seg_len};
     atomic_init(&m->refs, 1);
     seg_hdr_t *h = (seg_hdr_t *)seg;
@@ -168,6 +171,7 @@ static void shm_close(slime_ep_t *ep) {
     shm_mapping_put(c->seg);
     peermap_free(c->map);
     munmap(c->peer, sizeof(mr_shared_t));
+    free(c->tx_stale);
     free(c);
     ep->conn = NULL;
 }

@@ -174,7 +174,7 @@ static uint8_t *peer_segment_map(int fd, size_t *len, uint64_t *ring, char *why,
     seg_hdr_t *h = (seg_hdr_t *)seg;
     uint64_t magic = read_once_u64(&h->magic), r = read_once_u64(&h->ring_size);
     /* bounded first, so the size computed from it cannot wrap */
-    if (magic != SEG_MAGIC || r < RING_MIN || r > RING_MAX || shm_seg_size(r) != *len) {
+    if (magic != SEG_MAGIC || r < RING_MIN || r > RING_MAX || r % SHM_LINE || shm_seg_size(r) != *len) {
         snprintf(why, whylen, magic != SEG_MAGIC ? "ring segment has a bad magic" : "ring size %" PRIu64 " for %zu bytes",
                  r, *len);
         munmap(seg, *len);
@@ -215,6 +215,7 @@ slime_status_t shm_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t dead
     if (ring < RING_MIN || ring > RING_MAX)
         return slime_errorf(SLIME_ERR_INVAL, "DLSLIME_SHM_RING=%" PRIu64 ": a ring is %llu bytes to %llu", ring, RING_MIN,
                             RING_MAX);
+    ring &= ~(uint64_t)(SHM_LINE - 1); /* whole lines, where packets start */
     size_t len = shm_seg_size(ring);
     uint8_t *seg = NULL;
     int sock = -1, segfd = -1, peerfd = -1;

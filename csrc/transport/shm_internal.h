@@ -25,13 +25,29 @@
 #define SHM_BOX_AREA ((size_t)SHM_BOX_SLOTS * 2 * SHM_BOX_SIDE)
 
 /* The ring sizes a segment may have (DLSLIME_SHM_RING, or a dialer's
- * header): bounded, so that the segment's size cannot overflow. */
+ * header): bounded, so that the segment's size cannot overflow, and
+ * whole lines (SHM_LINE), where the packets start. */
 #define RING_MIN 4096ull
 #define RING_MAX (1ull << 32)
+#define SHM_LINE 64u
+
+/* A ring carries packets (shm_ring.c), each at the start of a line: an
+ * 8-byte header, then len bytes of the frame stream.  The header is
+ * the packet's length and its stamp, which the writer stores last and
+ * the reader polls: a small frame arrives in the one line it reads.
+ * The stamp is the packet's line number in the stream (mod 2^32), so a
+ * header the last lap left there is told from a new one. */
+#define SHM_PACKET_HDR 8u
+static inline uint32_t shm_stamp(uint64_t pos) { return (uint32_t)(pos / SHM_LINE); }
+static inline uint64_t shm_packet_header(uint64_t pos, uint32_t len) {
+    return (uint64_t)shm_stamp(pos) << 32 | len;
+}
 
 typedef struct ring {
-    _Alignas(64) _Atomic uint64_t tail;       /* producer's */
-    _Alignas(64) _Atomic uint64_t head;       /* consumer's */
+    /* the writer's count of stream bytes sent: what waits behind a parked
+     * payload (shm_rx_beyond), not what the reader polls */
+    _Alignas(64) _Atomic uint64_t tail;
+    _Alignas(64) _Atomic uint64_t head;       /* the reader's position: room */
     _Atomic uint32_t want_space;              /* producer waits for room */
 } ring_t;
 
@@ -74,9 +90,14 @@ typedef struct shm_conn {
     /* Each side's own end of its rings, kept here: the copies in the
      * segment are for the peer to read (and are the peer's to scribble
      * on), and the offsets into the ring spare a division by the ring's
-     * size (any size: DLSLIME_SHM_RING) on every read and write */
-    uint64_t tx_tail, rx_head;
-    size_t tx_at, rx_at;                      /* tx_tail, rx_head modulo size */
+     * size on every read and write.  Positions count the ring's bytes
+     * (packet headers and padding too), sent and got the stream's. */
+    uint64_t tx_pos, tx_sent, rx_pos, rx_got;
+    size_t tx_at, rx_at;                      /* tx_pos, rx_pos modulo size */
+    size_t rx_left, rx_pad;                   /* of the packet being read: bytes, then padding */
+    /* the tx ring's lines whose start holds payload of the last lap, a
+     * bit each: a new packet's header must not follow one of those */
+    uint64_t *tx_stale;
     mr_shared_t *peer;                        /* the peer's MR table */
     int peer_pid;
     bool cma;

@@ -1,8 +1,9 @@
 /* The frame stream of a shm connection: two single-producer rings in the
- * shared segment, one per direction.  Each side copies in (or out) a
- * chunk at a time and publishes it at once, so the other side copies
- * while it goes on; a side that sleeps is woken by a doorbell byte on the
- * socket, sent only when no thread of the peer polls (mr_shared_t). */
+ * shared segment, one per direction, of packets (shm_internal.h).  Each
+ * side copies in (or out) a chunk at a time and publishes it at once, so
+ * the other side copies while it goes on; a side that sleeps is woken by
+ * a doorbell byte on the socket, sent only when no thread of the peer
+ * polls (mr_shared_t). */
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
@@ -32,89 +33,135 @@ static size_t ring_advance(const shm_conn_t *c, size_t at, size_t n) {
     return at >= c->size ? at - (size_t)c->size : at;
 }
 
-/* Copies n bytes (at most the ring's size) in at the tail's offset, and
- * moves the offset on. */
-static void ring_copy_in(shm_conn_t *c, const uint8_t *src, size_t n) {
-    size_t at = c->tx_at, first = min_sz(n, (size_t)c->size - at);
-    memcpy(c->txd + at, src, first);
-    if (n > first) memcpy(c->txd, src + first, n - first);
-    c->tx_at = ring_advance(c, at, n);
-}
+static size_t round_up_line(size_t n) { return (n + SHM_LINE - 1) & ~(size_t)(SHM_LINE - 1); }
+
+static _Atomic uint64_t *ring_word(uint8_t *ring, size_t at) { return (_Atomic uint64_t *)(void *)(ring + at); }
 
 /* Nobody of the peer's polls its rings now, nor will soon: ring it.
- * After the tail's store, which the fence orders before the look. */
+ * After the stores that published, which the fence orders before the
+ * look. */
 static void ring_if_asleep(slime_ep_t *ep) {
     atomic_thread_fence(memory_order_seq_cst);
     if (peer_needs_doorbell(ep->conn)) doorbell(ep);
 }
 
-/* The room after tail, by the head as last read, which is read again
- * only when that leaves less than need: the reader moves the head with
- * every message, so each fresh read is a cache miss. */
-static size_t tx_room(shm_conn_t *c, uint64_t tail, size_t need) {
-    size_t room = (size_t)(c->size - (tail - c->tx_head_seen));
+/* The room after our position, by the head as last read, which is read
+ * again only when that leaves less than need: the reader moves the head
+ * with every message, so each fresh read is a cache miss. */
+static size_t tx_room(shm_conn_t *c, size_t need) {
+    size_t room = (size_t)(c->size - (c->tx_pos - c->tx_head_seen));
     if (room >= need) return room;
     c->tx_head_seen = atomic_load_explicit(&c->tx->head, memory_order_acquire);
-    return (size_t)(c->size - (tail - c->tx_head_seen));
+    return (size_t)(c->size - (c->tx_pos - c->tx_head_seen));
 }
 
-/* The common case, a small frame (a header and its payload) with room
- * for all of it: copied in and published at once, with none of the
- * chunking below.  Total bytes, or 0 when it does not fit so. */
-static size_t write_whole(shm_conn_t *c, const struct iovec *iov, int n) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += iov[i].iov_len;
-    if (total == 0 || total > c->chunk || total > tx_room(c, c->tx_tail, total)) return 0;
-    for (int i = 0; i < n; i++) ring_copy_in(c, iov[i].iov_base, iov[i].iov_len);
-    c->tx_tail += total;
-    atomic_store_explicit(&c->tx->tail, c->tx_tail, memory_order_release);
-    return total;
+/* The payload a packet may carry in room bytes: whole lines, less its
+ * header and the line after it, where the next header goes. */
+static size_t packet_fits(size_t room) {
+    room &= ~(size_t)(SHM_LINE - 1);
+    return room > SHM_LINE + SHM_PACKET_HDR ? room - SHM_LINE - SHM_PACKET_HDR : 0;
 }
 
-ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
-    shm_conn_t *c = ep->conn;
-    size_t whole = write_whole(c, iov, n);
-    if (whole) {
-        ring_if_asleep(ep);
-        return (ssize_t)whole;
+/* Sets (or clears) count bits from bit i of a map of n bits, round. */
+static void bits_assign(uint64_t *map, size_t i, size_t count, size_t n, bool set) {
+    while (count) {
+        size_t run = min_sz(count, min_sz(n - i, 64 - i % 64));
+        uint64_t mask = (run == 64 ? ~0ull : ((1ull << run) - 1)) << (i % 64);
+        map[i / 64] = set ? map[i / 64] | mask : map[i / 64] & ~mask;
+        count -= run;
+        i = i + run == n ? 0 : i + run;
     }
-    uint64_t tail = c->tx_tail, published = tail;
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        const uint8_t *p = iov[i].iov_base;
-        size_t left = iov[i].iov_len;
-        while (left) {
-            size_t room = tx_room(c, tail, min_sz(left, (size_t)c->chunk));
-            if (room == 0) {
-                atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
-                published = tail;
-                /* ask for a doorbell, then look again: the reader may
-                 * have freed room before it could see the request */
-                atomic_store_explicit(&c->tx->want_space, 1, memory_order_seq_cst);
-                c->tx_head_seen = atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
-                room = (size_t)(c->size - (tail - c->tx_head_seen));
-                if (room == 0) goto done;
-            }
-            size_t k = min_sz(min_sz(left, room), (size_t)c->chunk);
-            ring_copy_in(c, p, k);
-            tail += k;
-            p += k;
-            left -= k;
-            total += k;
-            /* publish each chunk so the reader copies out while we copy
-             * in; a frame's small pieces (header, payload) go at once, so
-             * the reader never finds a header without its payload */
-            if (tail - published >= c->chunk) {
-                atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
-                published = tail;
-            }
+}
+
+/* A packet of slot bytes goes at tx_at: its first line holds a header
+ * from now on, its others payload.  The line after it is where the
+ * reader looks next: payload left there by the last lap could read as a
+ * header, so it is zeroed first (once a lap, and only after a packet of
+ * several lines had been there). */
+static void lines_claim(shm_conn_t *c, size_t slot) {
+    size_t lines = (size_t)c->size / SHM_LINE, first = c->tx_at / SHM_LINE, n = slot / SHM_LINE;
+    bits_assign(c->tx_stale, first, 1, lines, false);
+    if (n > 1) bits_assign(c->tx_stale, first + 1 == lines ? 0 : first + 1, n - 1, lines, true);
+    size_t next = (first + n) % lines;
+    if (c->tx_stale[next / 64] >> (next % 64) & 1) {
+        atomic_store_explicit(ring_word(c->txd, next * SHM_LINE), 0, memory_order_relaxed);
+        bits_assign(c->tx_stale, next, 1, lines, false);
+    }
+}
+
+/* Where a gather of iovecs has got to. */
+typedef struct iov_at {
+    const struct iovec *iov;
+    int i, n;
+    size_t off;
+} iov_at_t;
+
+/* Copies k bytes from the gather into the ring at offset at, round (or
+ * only moves the gather on, with no ring). */
+static void ring_gather(shm_conn_t *c, uint8_t *ring, size_t at, iov_at_t *g, size_t k) {
+    while (k) {
+        const struct iovec *v = &g->iov[g->i];
+        size_t take = min_sz(min_sz(k, v->iov_len - g->off), (size_t)c->size - at);
+        if (ring) memcpy(ring + at, (const uint8_t *)v->iov_base + g->off, take);
+        at = ring_advance(c, at, take);
+        k -= take;
+        g->off += take;
+        if (g->off == v->iov_len) {
+            g->i++;
+            g->off = 0;
         }
     }
-done:
-    if (tail != published) atomic_store_explicit(&c->tx->tail, tail, memory_order_release);
-    c->tx_tail = tail;
-    if (total) ring_if_asleep(ep);
-    return (ssize_t)total;
+}
+
+/* One packet of k bytes of the gather, published: the line after it
+ * cleared where need be (first, so that the store has long landed when
+ * the header's must wait for it), its bytes, its header last.  Its first
+ * line, which the reader polls, is written last of all and at once: a
+ * store to it while the reader still polls hands the line back and forth,
+ * a trip each time. */
+static void packet_write(shm_conn_t *c, iov_at_t *g, size_t k) {
+    size_t slot = round_up_line(SHM_PACKET_HDR + k), head = min_sz(k, SHM_LINE - SHM_PACKET_HDR);
+    lines_claim(c, slot);
+    iov_at_t rest = *g;
+    ring_gather(c, NULL, 0, &rest, head);
+    ring_gather(c, c->txd, ring_advance(c, c->tx_at, SHM_LINE), &rest, k - head);
+    ring_gather(c, c->txd, c->tx_at + SHM_PACKET_HDR, g, head);
+    *g = rest;
+    atomic_store_explicit(ring_word(c->txd, c->tx_at), shm_packet_header(c->tx_pos, (uint32_t)k),
+                          memory_order_release);
+    c->tx_pos += slot;
+    c->tx_at = ring_advance(c, c->tx_at, slot);
+    c->tx_sent += k;
+    atomic_store_explicit(&c->tx->tail, c->tx_sent, memory_order_release);
+}
+
+/* The payload a packet may carry now, up to want: after asking for a
+ * doorbell when the ring is full, and looking again, since the reader
+ * may have freed room before it could see the request. */
+static size_t tx_fits(shm_conn_t *c, size_t want) {
+    size_t fits = packet_fits(tx_room(c, round_up_line(SHM_PACKET_HDR + want) + SHM_LINE));
+    if (fits) return min_sz(fits, want);
+    atomic_store_explicit(&c->tx->want_space, 1, memory_order_seq_cst);
+    c->tx_head_seen = atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
+    return min_sz(packet_fits((size_t)(c->size - (c->tx_pos - c->tx_head_seen))), want);
+}
+
+/* A chunk a packet (DLSLIME_SHM_CHUNK): the reader copies one out while
+ * we copy the next in.  A small frame (header and payload) is one
+ * packet, so the reader never finds a header without its payload. */
+ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
+    shm_conn_t *c = ep->conn;
+    size_t total = 0, sent = 0;
+    for (int i = 0; i < n; i++) total += iov[i].iov_len;
+    iov_at_t g = {.iov = iov, .n = n};
+    while (sent < total) {
+        size_t k = tx_fits(c, min_sz(total - sent, (size_t)c->chunk));
+        if (!k) break;
+        packet_write(c, &g, k);
+        sent += k;
+    }
+    if (sent) ring_if_asleep(ep);
+    return (ssize_t)sent;
 }
 
 /* memcpy with non-temporal stores: the destination's lines are not read
@@ -152,13 +199,20 @@ void shm_copy_stream(uint8_t *dst, const uint8_t *src, size_t n) {
  * The tail of a message stays in cache for whoever reads it next. */
 #define STREAM_MIN (4u << 20)
 
-/* Moves the read head on by k bytes (read): the room is the writer's
- * again, and a writer waiting for it gets a doorbell. */
+/* Moves the read on by k bytes of the packet.  At its end (and past its
+ * padding) the room is the writer's again, and a writer waiting for it
+ * gets a doorbell: not before, as the writer takes whole lines only, and
+ * a small frame is read in two pieces (header, payload) that would pay
+ * the head's fenced store twice. */
 static void rx_release(slime_ep_t *ep, size_t k) {
     shm_conn_t *c = ep->conn;
-    c->rx_head += k;
+    c->rx_left -= k;
+    c->rx_got += k;
+    if (c->rx_left == 0) k += c->rx_pad;
+    c->rx_pos += k;
     c->rx_at = ring_advance(c, c->rx_at, k);
-    atomic_store_explicit(&c->rx->head, c->rx_head, memory_order_seq_cst);
+    if (c->rx_left) return;
+    atomic_store_explicit(&c->rx->head, c->rx_pos, memory_order_seq_cst);
     if (atomic_load_explicit(&c->rx->want_space, memory_order_seq_cst)) {
         atomic_store(&c->rx->want_space, 0);
         if (peer_needs_doorbell(c)) doorbell(ep);
@@ -171,24 +225,51 @@ static bool rx_cold(const slime_ep_t *ep) {
     return ep->rx.state == RX_PAYLOAD && ep->rx.sink == SINK_RECV && ep->rx.req->cold;
 }
 
-/* The bytes waiting after the read head.  The tail lives in the segment
- * the peer writes: more bytes than the ring holds is a tail no writer
- * leaves, and the connection fails rather than read the ring round and
- * round for ever. */
-static bool rx_waiting(slime_ep_t *ep, shm_conn_t *c, uint64_t *waiting) {
-    *waiting = atomic_load_explicit(&c->rx->tail, memory_order_acquire) - c->rx_head;
-    if (*waiting <= c->size) return true;
-    ep_fail(ep, SLIME_ERR_PROTOCOL, "shm: the peer's ring says %" PRIu64 " bytes wait in a ring of %" PRIu64,
-            *waiting, c->size);
-    return false;
+/* The header word at our position: the packet's, or what was there
+ * before it: 0 (a new ring, or a line the writer cleared), or the last
+ * lap's header. */
+static uint64_t rx_header(shm_conn_t *c) { return atomic_load_explicit(ring_word(c->rxd, c->rx_at), memory_order_acquire); }
+
+static bool header_is_new(const shm_conn_t *c, uint64_t h) { return h && h >> 32 == shm_stamp(c->rx_pos); }
+
+/* A header there, neither new nor what the writer leaves: the peer
+ * scribbled on the ring. */
+static bool header_is_foreign(const shm_conn_t *c, uint64_t h) {
+    return h && !header_is_new(c, h) && h >> 32 != shm_stamp(c->rx_pos - c->size);
+}
+
+/* The bytes of the packet being read still to read, taking the next
+ * packet's header when the last is done: 0 while none has come, -1
+ * when the ring holds what no writer of ours leaves (the endpoint
+ * failed). */
+static ssize_t rx_packet(slime_ep_t *ep, shm_conn_t *c) {
+    if (c->rx_left) return (ssize_t)c->rx_left;
+    uint64_t h = rx_header(c);
+    if (!header_is_new(c, h)) {
+        if (!header_is_foreign(c, h)) return 0;
+        ep_fail(ep, SLIME_ERR_PROTOCOL, "shm: the peer's ring holds a header stamped %" PRIu64 " at line %" PRIu32,
+                h >> 32, shm_stamp(c->rx_pos));
+        return -1;
+    }
+    size_t len = (uint32_t)h;
+    if (len > c->size - SHM_LINE - SHM_PACKET_HDR) {
+        ep_fail(ep, SLIME_ERR_PROTOCOL, "shm: the peer's ring holds a packet of %zu bytes in a ring of %" PRIu64, len,
+                c->size);
+        return -1;
+    }
+    c->rx_left = len;
+    c->rx_pad = round_up_line(SHM_PACKET_HDR + len) - SHM_PACKET_HDR - len;
+    c->rx_pos += SHM_PACKET_HDR;
+    c->rx_at = ring_advance(c, c->rx_at, SHM_PACKET_HDR);
+    return (ssize_t)len;
 }
 
 ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
     shm_conn_t *c = ep->conn;
-    uint64_t waiting;
-    if (!rx_waiting(ep, c, &waiting)) return SLIME_ERR_PROTOCOL;
-    /* hand room back chunk by chunk so the writer keeps copying in */
-    size_t k = min_sz(min_sz(n, (size_t)waiting), (size_t)c->chunk);
+    ssize_t ready = rx_packet(ep, c);
+    if (ready < 0) return SLIME_ERR_PROTOCOL;
+    /* a packet at a time, handing room back so the writer keeps copying */
+    size_t k = min_sz(n, (size_t)ready);
     if (k == 0) return 0;
     size_t at = c->rx_at, first = min_sz(k, (size_t)c->size - at);
     if (n >= STREAM_MIN || rx_cold(ep)) {
@@ -203,30 +284,30 @@ ssize_t shm_read(slime_ep_t *ep, void *dst, size_t n) {
 }
 
 /* A combining receive reads the ring where the bytes lie, and only then
- * gives them back (combine.c): the same pieces as shm_read, a chunk at a
- * time so the writer keeps copying in, but never across the wrap. */
+ * gives them back (combine.c): the same pieces as shm_read, a packet at
+ * a time, but never across the wrap. */
 size_t shm_rx_peek(slime_ep_t *ep, size_t n, const uint8_t **at) {
     shm_conn_t *c = ep->conn;
-    uint64_t waiting;
-    if (!rx_waiting(ep, c, &waiting)) return 0;
-    size_t off = c->rx_at;
-    *at = c->rxd + off;
-    return min_sz(min_sz(min_sz(n, (size_t)waiting), (size_t)c->chunk), (size_t)c->size - off);
+    ssize_t ready = rx_packet(ep, c);
+    if (ready <= 0) return 0;
+    *at = c->rxd + c->rx_at;
+    return min_sz(min_sz(n, (size_t)ready), (size_t)c->size - c->rx_at);
 }
 
 void shm_rx_consume(slime_ep_t *ep, size_t k) { rx_release(ep, k); }
 
-/* Unchecked: a count no writer leaves only makes us read, and the read
- * (rx_waiting) fails the connection. */
-static uint64_t rx_count(shm_conn_t *c) {
-    return atomic_load_explicit(&c->rx->tail, memory_order_acquire) - c->rx_head;
+/* Bytes to read, or what a read will find wrong (and fail on). */
+static bool rx_pending(shm_conn_t *c) {
+    if (c->rx_left) return true;
+    uint64_t h = rx_header(c);
+    return header_is_new(c, h) || header_is_foreign(c, h);
 }
 
-static bool rx_pending(shm_conn_t *c) { return rx_count(c) != 0; }
-
+/* By the writer's count, which it stores after each packet's header: a
+ * count no writer leaves only says yes, and the payload is read. */
 bool shm_rx_beyond(slime_ep_t *ep, size_t n) {
     shm_conn_t *c = ep->conn;
-    return c->hung_up || rx_count(c) > n;
+    return c->hung_up || atomic_load_explicit(&c->rx->tail, memory_order_acquire) - c->rx_got > n;
 }
 
 /* A parked payload is no work until something arrives behind it. */
@@ -239,8 +320,8 @@ bool shm_has_work(slime_ep_t *ep) {
     if (!c) return false;
     if (shm_rx_ready(ep)) return true;
     /* queued frames and room for them: nobody would ring us for that */
-    uint64_t used = c->tx_tail - atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
-    return !list_empty(&ep->txq) && used < c->size;
+    uint64_t used = c->tx_pos - atomic_load_explicit(&c->tx->head, memory_order_seq_cst);
+    return !list_empty(&ep->txq) && packet_fits((size_t)(c->size - used)) > 0;
 }
 
 void shm_fd_event(slime_ep_t *ep, uint32_t events) {

@@ -30,6 +30,7 @@ SEG_HDR = 4096
 BOX_AREA = 8 * 2 * (16 * 1024 + 256)      # shm_internal.h: SHM_BOX_AREA, between header and rings
 RINGS = SEG_HDR + BOX_AREA                # where ring[0]'s bytes start
 RING0_TAIL, RING0_HEAD = 64, 128          # seg_hdr_t.ring[0]: dialer -> acceptor
+RING_LINE, PACKET_HDR = 64, 8              # shm_internal.h: SHM_LINE, SHM_PACKET_HDR
 MR_TABLE_SIZE = 64 + 4096 * 64            # sizeof(mr_shared_t)
 F_READ_REQ = 7
 
@@ -153,12 +154,27 @@ def shm_dial(address, ctx_id, seg_fd, table_fd, timeout=CONNECT_TIMEOUT_MS / 100
     return sock, parse_welcome(data)
 
 
-def post_frame(seg_fd, sock, frame, at=0):
-    """Writes one frame into the dialer's ring at byte at and publishes
-    it, then rings the target's doorbell."""
-    os.pwrite(seg_fd, frame, RINGS + at)
-    os.pwrite(seg_fd, struct.pack("<Q", at + len(frame)), RING0_TAIL)
+def packet_header(pos, length):
+    """A ring packet's header (shm_internal.h: shm_packet_header): its
+    length and the stamp of its line."""
+    return struct.pack("<Q", ((pos // RING_LINE) & 0xFFFFFFFF) << 32 | length)
+
+
+def post_frame(seg_fd, sock, frame):
+    """Writes one frame into the dialer's fresh ring as its first packet
+    and publishes it (the header last, and the writer's count of bytes
+    sent), then rings the target's doorbell."""
+    os.pwrite(seg_fd, frame, RINGS + PACKET_HDR)
+    os.pwrite(seg_fd, packet_header(0, len(frame)), RINGS)
+    os.pwrite(seg_fd, struct.pack("<Q", len(frame)), RING0_TAIL)
     sock.send(b"\1")
+
+
+def first_packet(seg_fd, ring_at, n):
+    """The first n bytes of the first packet in the ring at ring_at, once
+    its header is there, or None."""
+    (header,) = struct.unpack("<Q", os.pread(seg_fd, PACKET_HDR, ring_at))
+    return os.pread(seg_fd, n, ring_at + PACKET_HDR) if header else None
 
 
 MR_SLOTS_AT, MR_ENTRY = 64, 64              # mr_shared_t.slots, sizeof(mr_entry_t)

@@ -27,9 +27,9 @@ def read_reply(seg_fd, timeout=10.0):
     """The first frame the target wrote into ring[1] (acceptor -> dialer)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        (tail,) = struct.unpack("<Q", os.pread(seg_fd, 8, 192))
-        if tail >= 56:
-            return struct.unpack("<BBHI", os.pread(seg_fd, 8, rogue.RINGS + RING))
+        head = rogue.first_packet(seg_fd, rogue.RINGS + RING, 8)
+        if head:
+            return struct.unpack("<BBHI", head)
         time.sleep(0.01)
     raise AssertionError(f"the target wrote no reply in {timeout} s")
 

@@ -5,8 +5,8 @@
  * checked element by element against the reference of test_coll_util.h
  * (rank 1's buffer holds rank 1's input, rank 0 sends rank 0's).
  *
- * main() shrinks the shm ring to an odd 300007 bytes written and read in
- * odd 4099-byte pieces, and every message follows a skew message of 1 to
+ * main() shrinks the shm ring to 300007 bytes (299968, in whole lines)
+ * written and read in odd 4099-byte pieces, and every message follows a skew message of 1 to
  * 7 bytes, so that payloads start at every offset of the ring, wrap at
  * odd offsets and arrive in pieces that split elements: the paths that
  * carry a split element over and that fold from unaligned bytes.  On tcp
@@ -81,7 +81,7 @@ static void fold_matrix(h_rank_t *r, size_t d0, size_t d1)
     for (size_t d = d0; d < d1; d++) {
         slime_dtype_t dt = t_dtypes[d];
         const size_t es = slime_dtype_size(dt);
-        /* eager ones, and rendezvous ones that wrap the 300007-byte ring */
+        /* eager ones, and rendezvous ones that wrap the small ring */
         const size_t counts[] = {1, 7, 4099 / es + 3, 65536 / es + 1, 700 * H_KIB / es + 3};
         for (size_t o = 0; o < T_NOPS; o++) {
             slime_redop_t op = t_ops[o];

@@ -405,6 +405,41 @@ static void case_stream_edges(h_rank_t *r)
     }
 }
 
+/* Over shm a message travels as packets in a ring, each starting at a
+ * line that the reader polls: a large message leaves its payload on lines
+ * where the next lap's small messages start, and the writer must clear
+ * those before the reader can take old payload for a header (the reader
+ * fails the connection on a header that no writer leaves).  Rounds of a
+ * large message then many small ones of every length, several laps of the
+ * default 512 KiB ring, each received whole and checked. */
+static void case_laps_mixed_sizes(h_rank_t *r)
+{
+    enum { ROUNDS = 12, SMALL = 300, TAG = 90 };
+    const size_t large = 3 * 65536 + 1000;
+    const int peer = h_peer(r);
+    slime_ep_t *ep = r->ep[peer];
+    uint8_t *buf = h_alloc(large);
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int i = 0; i <= SMALL; i++) {
+            const size_t len = i == 0 ? large : (size_t)(i % 97) + 1;
+            const uint64_t seed = seed_of(TAG, (size_t)(round * 1000 + i), 0);
+            slime_req_t *req = NULL;
+            if (r->rank == 0) {
+                h_fill(buf, len, seed, 0);
+                H_CHECK_OK(slime_send(ep, buf, len, TAG, &req));
+                H_WAIT_FREE(req, SLIME_OK);
+                continue;
+            }
+            H_CHECK_OK(slime_recv(ep, buf, large, TAG, &req));
+            H_WAIT(req, SLIME_OK);
+            H_CHECK_EQ(slime_req_bytes(req), len);
+            slime_req_free(req);
+            H_CHECK_PATTERN(buf, len, seed, 0);
+        }
+    }
+    free(buf);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -417,6 +452,7 @@ int main(int argc, char **argv)
         {"batch", case_batch, 2, false, 0},
         {"test_polling", case_test_polling, 2, false, 0},
         {"stream_edges", case_stream_edges, 2, false, 0},
+        {"laps_mixed_sizes", case_laps_mixed_sizes, 2, false, 0},
     };
     return h_main("test_sendrecv", cases, sizeof cases / sizeof cases[0],
                   argc, argv);

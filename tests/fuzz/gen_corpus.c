@@ -283,12 +283,15 @@ static void shm_seeds(slime_ctx_t *self, slime_ctx_t *peer) {
     h->magic = SEG_MAGIC;
     h->ring_size = RING_MIN;
     shm_save("valid", &in, NULL);
-    /* frames in the dialer's ring, its tail past them */
-    buf_t ring = {0};
-    frame(&ring, F_EAGER, 0, 0, 0, 1, 0, 0, 0, "abcd", 4);
-    frame(&ring, F_WRITE, 0, 0, 1, 1ull << 32 | 1, 0, 3, 0, "wxyz", 4);
-    frame(&ring, F_IMM, 0, 5, 0, 0, 0, 0, 0, NULL, 0);
-    atomic_store(&h->ring[0].tail, ring.n);
+    /* frames in the dialer's ring, a packet (shm_ring.c), the tail past them */
+    buf_t frames = {0}, ring = {0};
+    frame_short(&frames, F_EAGER, 1, "abcd", 4);
+    frame(&frames, F_WRITE, 0, 0, 1, 1ull << 32 | 1, 0, 3, 0, "wxyz", 4);
+    frame(&frames, F_IMM, 0, 5, 0, 0, 0, 0, 0, NULL, 0);
+    uint64_t packet = shm_packet_header(0, (uint32_t)frames.n);
+    put(&ring, &packet, sizeof packet);
+    put(&ring, frames.d, frames.n);
+    atomic_store(&h->ring[0].tail, frames.n);
     shm_save("valid_with_frames", &in, &ring);
     /* the peer's head of our ring, and its tail, where no writer put them */
     fz_shm_in_t x = in;
