@@ -225,6 +225,14 @@ static bool rx_cold(const slime_ep_t *ep) {
     return ep->rx.state == RX_PAYLOAD && ep->rx.sink == SINK_RECV && ep->rx.req->cold;
 }
 
+/* A packet's lines after its first that the reader asks for as soon as
+ * it has the header: each is another trip from the writer's cache, which
+ * would otherwise start only when the frame's header has been read and
+ * matched.  p2p_bench sendrecv, alternating runs, avg us: 64 B 0.347 ->
+ * 0.303, 256 B 0.400 -> 0.382, 1 KiB 0.604 -> 0.583; 8 lines were no
+ * better than 4 (the hardware's prefetcher takes a stream on from there). */
+#define RX_PREFETCH_LINES 4
+
 /* The header word at our position: the packet's, or what was there
  * before it: 0 (a new ring, or a line the writer cleared), or the last
  * lap's header. */
@@ -256,6 +264,13 @@ static ssize_t rx_packet(slime_ep_t *ep, shm_conn_t *c) {
         ep_fail(ep, SLIME_ERR_PROTOCOL, "shm: the peer's ring holds a packet of %zu bytes in a ring of %" PRIu64, len,
                 c->size);
         return -1;
+    }
+    /* the packet's next lines are on their way while the frame's
+     * header is read and matched */
+    size_t more = min_sz((SHM_PACKET_HDR + len - 1) / SHM_LINE, RX_PREFETCH_LINES);
+    for (size_t i = 1, at = c->rx_at; i <= more; i++) {
+        at = ring_advance(c, at, SHM_LINE);
+        __builtin_prefetch(c->rxd + at);
     }
     c->rx_left = len;
     c->rx_pad = round_up_line(SHM_PACKET_HDR + len) - SHM_PACKET_HDR - len;
