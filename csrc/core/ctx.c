@@ -2,6 +2,7 @@
  * and teardown.  Both are built from the same steps: creation unwinds
  * the ones it took, in reverse, and destroy takes them all down. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,8 @@ static slime_ctx_t *ctx_alloc(const slime_ctx_opts_t *opts, int force) {
     ctx->force = force;
     token_init(ctx, opts->token, opts->token_len);
     ctx->unexp_cap = env_size("DLSLIME_UNEXPECTED_MAX", 256u << 20);
+    cpu_set_t set;
+    ctx->cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
     budget_init(ctx);
     address_init(ctx);
     return ctx;
@@ -208,6 +211,10 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
 }
 
 uint64_t slime_ctx_id(const slime_ctx_t *ctx) { return ctx ? ctx->id : 0; }
+
+bool ctx_crowded(const slime_ctx_t *ctx) {
+    return atomic_load_explicit(&ctx->n_local_eps, memory_order_relaxed) + 1 > ctx->cpus;
+}
 
 uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which) {
     if (ctx && which == SLIME_COUNTER_PEER_PINGS) return atomic_load(&ctx->live_pings);

@@ -58,6 +58,8 @@ void ep_attach(slime_ep_t *ep, const transport_ops_t *tp, void *conn, int fd, ui
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = ep->pollable};
     epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev);
     if (!(tp->caps & TP_CAP_POLLED)) ctx->n_fd_eps++;
+    ep->local = tp->peer_local && tp->peer_local(conn);
+    if (ep->local) atomic_fetch_add_explicit(&ctx->n_local_eps, 1, memory_order_relaxed);
     ep_set_state(ep, EP_UP);
     ctx_wake_sleepers(ctx);
 }
@@ -84,6 +86,8 @@ void ep_fail(slime_ep_t *ep, slime_status_t st, const char *fmt, ...) {
     if (was_up) {
         epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, ep->fd, NULL);
         if (!(ep->tp->caps & TP_CAP_POLLED)) ctx->n_fd_eps--;
+        if (ep->local) atomic_fetch_sub_explicit(&ctx->n_local_eps, 1, memory_order_relaxed);
+        ep->local = false;
         ep->tp->close(ep);
         ep->fd = -1;
     }

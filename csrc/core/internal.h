@@ -270,6 +270,7 @@ struct slime_ep {
     uint32_t peer_pid;
     uint32_t verified_pid;      /* the transport's verified_pid, 0: none */
     bool dialing;               /* a thread of ours is dialing this peer */
+    bool local;                 /* up, and its peer on this host (ctx->n_local_eps) */
     const struct transport_ops *tp; /* the context's copy of its table */
     void *conn;                 /* the transport's connection state */
     size_t eager;               /* sends up to this size go in one frame */
@@ -445,6 +446,8 @@ struct slime_ctx {
     slime_list_t eps;
     slime_list_t accepted;      /* eps dialed by peers, not yet accepted */
     size_t n_fd_eps;            /* up eps whose transport is not TP_CAP_POLLED */
+    _Atomic int n_local_eps;    /* up eps to a peer on this host (ctx_crowded) */
+    int cpus;                   /* the CPUs this process may run on, at create */
     unsigned poll_tick;
     bool poll_now;              /* look at the fds on the next pass */
     bool rma_batching;          /* slime_batch is posting: it starts the RMA queues */
@@ -524,6 +527,10 @@ void ctx_kick(slime_ctx_t *ctx);
 /* A thread of ours just posted or looked for its work and will look
  * again soon: peers may skip doorbells a while (mr_shared_t.grace_until). */
 void ctx_extend_grace(slime_ctx_t *ctx);
+/* More of our processes on this host (this one, and the peers of its up
+ * endpoints there) than CPUs for this one: a peer we wait on may then be
+ * off its core, waiting for ours. */
+bool ctx_crowded(const slime_ctx_t *ctx);
 /* A progress thread in its long sleep (which only an fd or a doorbell
  * ends) is kicked: something now needs it to look sooner. */
 void ctx_rouse_long_sleeper(slime_ctx_t *ctx);

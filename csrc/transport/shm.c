@@ -187,6 +187,11 @@ static void shm_close(slime_ep_t *ep) {
 
 static int shm_verified_pid(const void *conn) { return ((const shm_conn_t *)conn)->peer_pid; }
 
+static bool shm_peer_local(const void *conn) {
+    (void)conn;
+    return true; /* a shm peer maps our segment: it shares the host */
+}
+
 const transport_ops_t slime_shm_transport = {
     .size = sizeof(transport_ops_t),
     .name = "shm",
@@ -217,6 +222,7 @@ const transport_ops_t slime_shm_transport = {
     .rx_peek = shm_rx_peek,
     .rx_consume = shm_rx_consume,
     .verified_pid = shm_verified_pid,
+    .peer_local = shm_peer_local,
     .box_slots = shm_box_slots,
     .box_open = shm_box_open,
     .box_release = shm_box_release,

@@ -21,11 +21,10 @@
  * collective's sender waits on are fetched on any host (send_path_t).
  *
  * DLSLIME_SHM_FETCH: 0 never, 1 on any host (tests), else (default) on
- * a crowded one (more shm peers up, plus this process, than cores in our
- * affinity mask) up to DLSLIME_SHM_FETCH_MAX, and on a roomy one from
+ * a crowded one (ctx_crowded: more peers up on this host, plus this
+ * process, than CPUs in our affinity mask) up to DLSLIME_SHM_FETCH_MAX, and on a roomy one from
  * DLSLIME_SHM_FETCH_ROOMY (0: never).  The pid fetched from is the one the
  * kernel vouched for on the connection's socket (SO_PEERCRED). */
-#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -43,28 +42,13 @@ void shm_fetch_init(shm_conn_t *c) {
     c->fetch_max = env_size("DLSLIME_SHM_FETCH_MAX", FETCH_MAX_DEFAULT);
     c->fetch_roomy_min =
         env_off("DLSLIME_SHM_FETCH_ROOMY") ? SIZE_MAX : env_size("DLSLIME_SHM_FETCH_ROOMY", FETCH_ROOMY_DEFAULT);
-    /* read once: a system call on every large send cost it 1-2% */
-    cpu_set_t set;
-    c->cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-}
-
-/* Under ctx->lock: more of our processes on this host than cores for
- * them, by the shm peers this context has up. */
-static bool host_crowded(slime_ctx_t *ctx, int cpus) {
-    int procs = 1;
-    slime_list_t *pos;
-    for (pos = ctx->eps.next; pos != &ctx->eps && procs <= cpus; pos = pos->next) {
-        const slime_ep_t *ep = container_of(pos, slime_ep_t, link);
-        procs += ep->state == EP_UP && ep->tp->wire == WIRE_TRANSPORT_SHM;
-    }
-    return procs > cpus;
 }
 
 /* Whether send's rendezvous is offered to the receiver for fetching. */
 static bool fetch_offered(slime_ep_t *ep, const shm_conn_t *c, const slime_req_t *send) {
     if (c->fetch == SHM_FETCH_NEVER || send->path == SEND_PATH_STREAM) return false;
     if (c->fetch == SHM_FETCH_ALWAYS || send->path == SEND_PATH_FETCH) return send->len <= c->fetch_max;
-    if (host_crowded(ep->ctx, c->cpus)) return send->len <= c->fetch_max;
+    if (ctx_crowded(ep->ctx)) return send->len <= c->fetch_max;
     return send->len >= c->fetch_roomy_min;
 }
 

@@ -106,7 +106,6 @@ typedef struct shm_conn {
     enum { SHM_FETCH_NEVER, SHM_FETCH_CROWDED, SHM_FETCH_ALWAYS } fetch;
     size_t fetch_max;                         /* ...up to this size (crowded, or asked for) */
     size_t fetch_roomy_min;                   /* ...from this size on a roomy host */
-    int cpus;                                 /* in our affinity mask at connect */
     peermap_t *map;                           /* the peer's shared blocks mapped here */
     bool hung_up;                             /* its socket said so; the ring may still hold bytes */
 } shm_conn_t;

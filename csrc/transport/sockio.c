@@ -74,7 +74,7 @@ bool sock_inet_ends(int fd, struct sockaddr_in *mine, struct sockaddr_in *theirs
 
 /* Whether both ends of the connected socket fd have one address: a
  * peer on this host (loopback, or our own address). */
-static bool sock_same_host(int fd) {
+bool sock_same_host(int fd) {
     struct sockaddr_in mine, theirs;
     return sock_inet_ends(fd, &mine, &theirs) && mine.sin_addr.s_addr == theirs.sin_addr.s_addr;
 }

@@ -19,6 +19,8 @@ void sock_set_nonblock(int fd);
 /* The two IPv4 ends of the connected socket fd; false if it has none. */
 struct sockaddr_in;
 bool sock_inet_ends(int fd, struct sockaddr_in *mine, struct sockaddr_in *theirs);
+/* Both ends of the connected socket fd at one address: a peer on this host. */
+bool sock_same_host(int fd);
 
 /* TCP_NODELAY, keepalive so a host that vanishes without a FIN is
  * noticed within seconds, and to a peer on this host a fixed send buffer

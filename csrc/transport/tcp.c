@@ -37,6 +37,7 @@ typedef struct tcp_conn {
     bool drained;               /* the last receive emptied the socket */
     tcp_cma_t cma;              /* whether rendezvous go by CMA */
     size_t stage_off, stage_len;
+    bool same_host;             /* sock_same_host, at the connect */
     uint8_t stage[STAGE_SIZE];
 } tcp_conn_t;
 
@@ -47,6 +48,7 @@ static tcp_conn_t *tcp_conn_new(int fd) {
     c->drained = false;
     c->cma.state = TCP_CMA_UNKNOWN;
     c->stage_off = c->stage_len = 0;
+    c->same_host = sock_same_host(fd);
     return c;
 }
 
@@ -334,6 +336,8 @@ static uint64_t tcp_counter(const void *state, slime_counter_t which) {
     return which == SLIME_COUNTER_TCP_CMA_FETCHES ? atomic_load(&t->cma_fetches) : 0;
 }
 
+static bool tcp_peer_local(const void *conn) { return ((const tcp_conn_t *)conn)->same_host; }
+
 static void tcp_close(slime_ep_t *ep) {
     tcp_conn_t *c = ep->conn;
     if (!c) return;
@@ -369,5 +373,6 @@ const transport_ops_t slime_tcp_transport = {
     .rx_peek = tcp_rx_peek,
     .rx_consume = tcp_rx_consume,
     .rndv_offer = tcp_rndv_offer,
+    .peer_local = tcp_peer_local,
     .rndv_fetch = tcp_rndv_fetch,
 };

@@ -153,6 +153,9 @@ typedef struct transport_ops {
     void (*rx_consume)(slime_ep_t *ep, size_t k);
     /* One line on the connection, for slime_ep_describe. */
     void (*describe)(void *conn, char *buf, size_t len);
+    /* Whether the peer runs on this host (its process competes with ours
+     * for the host's cores); NULL: never. */
+    bool (*peer_local)(const void *conn);
     /* Shared boxes (core/box.c, p2p_box_t): how many slots a connection
      * has (at most 32; 0: none), and one slot's two sides, filled into
      * box (mine, theirs, len, hold).  hold keeps the memory mapped until

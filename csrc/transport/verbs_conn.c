@@ -12,6 +12,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include "transport/sockio.h"
 #include "transport/verbs_internal.h"
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -199,6 +200,7 @@ int vconn_set_socket(verbs_conn_t *c, int sock) {
         return -1;
     }
     c->sock = sock;
+    c->same_host = sock_same_host(sock);
     c->epfd = epfd;
     return epfd;
 }

@@ -158,6 +158,8 @@ slime_status_t verbs_send_welcome(slime_ctx_t *ctx, pending_conn_t *pc, const wi
 
 int verbs_conn_fd(void *conn) { return ((verbs_conn_t *)conn)->epfd; }
 
+bool verbs_peer_local(const void *conn) { return ((const verbs_conn_t *)conn)->same_host; }
+
 void verbs_describe(void *conn, char *buf, size_t len) {
     snprintf(buf, len, "%s", ((verbs_conn_t *)conn)->desc);
 }

@@ -125,6 +125,7 @@ slime_status_t verbs_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t de
 int verbs_read_hello(slime_ctx_t *ctx, pending_conn_t *pc);
 slime_status_t verbs_send_welcome(slime_ctx_t *ctx, pending_conn_t *pc, const wire_welcome_t *w, void **conn);
 int verbs_conn_fd(void *conn);
+bool verbs_peer_local(const void *conn);
 void verbs_describe(void *conn, char *buf, size_t len);
 
 /* What the handshake carries. */
@@ -192,6 +193,7 @@ struct verbs_conn {
     slime_ctx_t *ctx;
     slime_ep_t *ep;             /* set once the core attached us */
     int sock, epfd;
+    bool same_host;             /* sock_same_host(sock): the peer shares ours */
     struct ibv_comp_channel *ch;
     struct ibv_cq *cq;
     bool armed;

@@ -64,6 +64,7 @@ const transport_ops_t slime_verbs_transport = {
     .rndv_fetch = verbs_rndv_fetch,
     .rndv_release = verbs_rndv_release,
     .describe = verbs_describe,
+    .peer_local = verbs_peer_local,
     .waits_on_peer = rkeys_asking,
     .tx_unsent = verbs_tx_unsent,
 };
