@@ -14,15 +14,20 @@
  * sizes are fetched too (DLSLIME_SHM_FETCH_ROOMY).
  * Measured through torch (torch_dist_bench send_recv, 4 ranks on 2
  * cores, two pairs ping-ponging, old and new alternating, medians of 4
- * avgs): 1 MiB 258 -> 166 us, 4 MiB 1134 -> 739 us; but fetching 16 MiB
- * took 3925 us against 2517 by the rings (their streaming stores), so
- * fetches stop at DLSLIME_SHM_FETCH_MAX (default 4 MiB).  A collective's
+ * avgs): 1 MiB 258 -> 166 us, 4 MiB 1134 -> 739 us.  Fetching 16 MiB
+ * took 3925 us against 2517 by the rings (their streaming stores) then;
+ * once a wait on a crowded host yielded its core from the first turn
+ * (progress.c), the fetches won up to 16 MiB (4 ranks, rings / fetched,
+ * medians of 4 alternating runs: 8 MiB 1479 / 1071 us, 16 MiB 3134 /
+ * 2168) and lost from 32 MiB (5113 / 5822, 64 MiB 11897 / 12881), so
+ * they stop at DLSLIME_SHM_FETCH_MAX (default 16 MiB).  A collective's
  * chunks keep to the stream whatever the host, and the whole buffers a
  * collective's sender waits on are fetched on any host (send_path_t).
  *
  * DLSLIME_SHM_FETCH: 0 never, 1 on any host (tests), else (default) on
  * a crowded one (ctx_crowded: more peers up on this host, plus this
- * process, than CPUs in our affinity mask) up to DLSLIME_SHM_FETCH_MAX, and on a roomy one from
+ * process, than CPUs in our affinity mask) up to DLSLIME_SHM_FETCH_MAX,
+ * and on a roomy one from
  * DLSLIME_SHM_FETCH_ROOMY (0: never).  The pid fetched from is the one the
  * kernel vouched for on the connection's socket (SO_PEERCRED). */
 #include <stdint.h>
@@ -31,7 +36,7 @@
 #include "transport/cma_fetch.h"
 #include "transport/shm_internal.h"
 
-#define FETCH_MAX_DEFAULT (4u << 20)
+#define FETCH_MAX_DEFAULT (16u << 20)
 #define FETCH_ROOMY_DEFAULT (8u << 20)
 
 void shm_fetch_init(shm_conn_t *c) {

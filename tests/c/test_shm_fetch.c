@@ -14,8 +14,8 @@
 
 #define TAG 50
 
-/* Past the eager limit (256 KiB); the last is the default fetch limit
- * (4 MiB), which is still fetched. */
+/* Past the eager limit (256 KiB), up to 4 MiB (the default fetch limit
+ * is 16 MiB). */
 static const size_t sizes[] = {300 * H_KIB, H_MIB + 3, 4 * H_MIB};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 
