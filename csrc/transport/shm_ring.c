@@ -92,7 +92,7 @@ static void lines_claim(shm_conn_t *c, size_t slot) {
 /* Where a gather of iovecs has got to. */
 typedef struct iov_at {
     const struct iovec *iov;
-    int i, n;
+    int i;
     size_t off;
 } iov_at_t;
 
@@ -153,7 +153,7 @@ ssize_t shm_writev(slime_ep_t *ep, const struct iovec *iov, int n) {
     shm_conn_t *c = ep->conn;
     size_t total = 0, sent = 0;
     for (int i = 0; i < n; i++) total += iov[i].iov_len;
-    iov_at_t g = {.iov = iov, .n = n};
+    iov_at_t g = {.iov = iov};
     while (sent < total) {
         size_t k = tx_fits(c, min_sz(total - sent, (size_t)c->chunk));
         if (!k) break;
