@@ -174,6 +174,8 @@ static void verify(unsigned op, const char *name, float *buf, float *out, size_t
     }
 }
 
+#define WARM_MIN_S 0.05 /* p2p_bench.c's: the shortest warm-up of a size */
+
 static void measure(const struct options *o, unsigned op, const char *name, size_t bytes,
                     float *buf, float *out, double *us)
 {
@@ -183,8 +185,11 @@ static void measure(const struct options *o, unsigned op, const char *name, size
     memset(buf, 0, bytes);
     batch(op, buf, out, bytes, 2, us);
     cost = us[0] < us[1] ? us[0] : us[1];
-    warm = batch(op, buf, out, bytes, clamp(0.1 * o->target_s * 1e6 / cost, 0, 2000), us);
-    if (warm) {
+    /* as p2p_bench.c's warm-up: a tenth of the budget, at least
+     * WARM_MIN_S, in batches whose count rank 0 gives (0: done) */
+    double warm_s = 0.1 * o->target_s > WARM_MIN_S ? 0.1 * o->target_s : WARM_MIN_S;
+    double warm_until = now_us() + warm_s * 1e6;
+    while ((warm = batch(op, buf, out, bytes, now_us() < warm_until ? clamp(warm_s * 1e6 / cost, 0, 2000) : 0, us))) {
         qsort(us, warm, sizeof *us, cmp_double);
         cost = us[warm / 2];
     }
