@@ -9,6 +9,13 @@
 
 #include "coll/coll.h"
 
+/* Whether bytes at src overlap none of the n blocks of that size. */
+static bool src_apart(const uint8_t *src, size_t bytes, uint8_t *const *blocks, int n) {
+    for (int b = 0; b < n; b++)
+        if ((uintptr_t)src < (uintptr_t)blocks[b] + bytes && (uintptr_t)blocks[b] < (uintptr_t)src + bytes) return false;
+    return true;
+}
+
 /* op->ptrs: the size block addresses */
 static bool allgather_exec(coll_run_t *r, const coll_op_t *op) {
     slime_comm_t *c = r->comm;
@@ -18,11 +25,16 @@ static bool allgather_exec(coll_run_t *r, const coll_op_t *op) {
     if (!run_ok(r)) return false;
     uint8_t *const *blocks = (uint8_t *const *)op->ptrs;
     uint8_t *mine = blocks[c->rank];
-    /* memmove: src may overlap its own block (in place, or nearly) */
-    if ((const uint8_t *)op->src != mine) memmove(mine, op->src, op->bytes);
+    const uint8_t *src = op->src;
+    /* apart from every block, src is sent from where it is, and copied
+     * into its place meanwhile (ring_run); else first, by memmove, as it
+     * may overlap its own block (in place, or nearly) or another */
+    const uint8_t *own_src = n > 1 && src != mine && src_apart(src, op->bytes, blocks, n) ? src : NULL;
+    if (src != mine && !own_src) memmove(mine, src, op->bytes);
     ring_plan_t p = {
         .mode = RING_INPLACE,
         .blocks = blocks,
+        .own_src = own_src,
         .total = (size_t)n * op->bytes,
         .esize = 1,
         .shift = 0,

@@ -290,6 +290,10 @@ typedef struct ring_plan {
     uint8_t *const *blocks;
     const uint8_t *const *src_blocks;
     uint8_t *dst;                   /* FROM_SRC: this rank's result block */
+    /* INPLACE, optional: where step 0 reads this rank's own block from
+     * (an out-of-place allgather's input, apart from every block), which
+     * ring_run copies into its place once step 0 is posted */
+    const uint8_t *own_src;
     size_t total;                   /* elements over all blocks */
     size_t esize;
     slime_dtype_t dtype;            /* reduce steps only */

@@ -26,6 +26,7 @@
  * Tags: chunk c of step s is step s * kmax + c, kmax being the chunk
  * count of the largest block; both neighbours compute the same. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "coll/coll.h"
 #include "coll/reduce_kernels.h"
@@ -436,18 +437,42 @@ static bool ring_setup(ring_state_t *g) {
     return true;
 }
 
+/* plan.own_src into this rank's block. */
+static void own_into_place(const ring_state_t *g) {
+    size_t off, len;
+    ring_block(g->p, g->n, g->rank, &off, &len);
+    memmove(ring_at(g->p, g->n, g->rank, off), g->p->own_src, len * g->p->esize);
+}
+
 /* Step 0 depends on nothing: all of it at once (above the eager limit a
- * send is only an announcement until the receiver asks). */
+ * send is only an announcement until the receiver asks).  An own block
+ * given apart (own_src) is sent from there, and copied into its place
+ * only then, while the neighbour fetches it: copied first, its lines
+ * were the neighbour's to read (it fetched them the call before) and
+ * each store took them back, a 512 KiB copy 48 us instead of about 10
+ * (all_gather 1 MiB through torch, 2 ranks over shm: 88 us out of place
+ * against 31 in place).  A link that reads our blocks in place needs it
+ * there before its notice. */
 static bool send_first_block(ring_state_t *g) {
     const ring_plan_t *p = g->p;
     int b0 = send_block(g, 0);
+    const uint8_t *own = p->mode == RING_INPLACE && b0 == g->rank ? p->own_src : NULL;
+    size_t own_off = 0, own_len;
+    if (own && g->read_out) {
+        own_into_place(g);
+        own = NULL;
+    }
+    if (own) ring_block(p, g->n, b0, &own_off, &own_len);
     bool ok = true;
     for (size_t c = 0; ok && c < chunks_of(g, b0); c++) {
         size_t first, len;
         chunk_of(g, b0, c, &first, &len);
-        const uint8_t *at = p->mode == RING_FROM_SRC ? ring_src_at(p, g->n, b0, first) : ring_at(p, g->n, b0, first);
+        const uint8_t *at = p->mode == RING_FROM_SRC ? ring_src_at(p, g->n, b0, first)
+                            : own                    ? own + (first - own_off) * p->esize
+                                                     : ring_at(p, g->n, b0, first);
         ok = send_tracked(g, 0, c, at, len);
     }
+    if (own) own_into_place(g);
     return ok;
 }
 

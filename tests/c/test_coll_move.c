@@ -90,6 +90,14 @@ static void allgather(h_rank_t *r)
         T_RUN(slime_allgather(comm, len ? dst + (size_t)r->rank * len : NULL, len, len ? dst : NULL, &q_));
         for (size_t k = 0; k < n; k++)
             H_CHECK_PATTERN(dst + k * len, len, seed_of((int)k, 3), s);
+        /* src is the next rank's block of dst, which this call receives
+         * into: copied into place first, never sent from where it is */
+        size_t next = ((size_t)r->rank + 1) % n;
+        memset(dst, 0xee, n * len);
+        h_fill(dst + next * len, len, seed_of(r->rank, 6), s);
+        T_RUN(slime_allgather(comm, len ? dst + next * len : NULL, len, len ? dst : NULL, &q_));
+        for (size_t k = 0; k < n; k++)
+            H_CHECK_PATTERN(dst + k * len, len, seed_of((int)k, 6), s);
         allgather_ptrs(comm, r, len, s);
         free(src);
         free(dst);
