@@ -347,8 +347,6 @@ size_t coll_pair_small_bytes(void); /* the same for a 2-rank all_reduce over shm
 size_t coll_pair_box_bytes(void);
 /* run_send_sync goes by rendezvous from this size; $DLSLIME_COLL_SYNC_MIN */
 size_t coll_sync_bytes(void);
-/* The CPUs this process may run on (its affinity mask). */
-int coll_cpus(void);
 /* In-place rings of at least this many bytes, on a communicator of
  * comm_size ranks, may move chunks by one-sided reads: reducing ones
  * (all_reduce) from $DLSLIME_COLL_CMA_MIN (default 2 MiB, 1 MiB with more

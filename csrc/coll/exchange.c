@@ -186,7 +186,7 @@ int run_send_bounded(coll_run_t *r, int peer, uint32_t step, const void *buf, si
  * often off its core, and the sender waits a time slice for it (4 ranks
  * on 2 cores, broadcast 64 KiB: 23-29 us eager, 113-170 us so). */
 static bool receiver_copies_from_us(const coll_run_t *r, int peer) {
-    return r->comm->size <= coll_cpus() && p2p_ep_can(r->comm->peers[peer], P2P_CAP_CPU_RMA);
+    return r->comm->size <= p2p_affinity_cpus() && p2p_ep_can(r->comm->peers[peer], P2P_CAP_CPU_RMA);
 }
 
 int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len) {

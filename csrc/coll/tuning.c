@@ -1,6 +1,5 @@
 /* The collectives' tuning: sizes from the environment, read once, and
  * the cores this process may run on. */
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -29,7 +28,7 @@ size_t coll_chunk_bytes(void) {
 }
 
 /* The host's online cores: the same for every process on it, where the
- * affinity (coll_cpus) may differ. */
+ * affinity (p2p_affinity_cpus) may differ. */
 static long host_cores(void) {
     static _Atomic long cores;
     long n = atomic_load(&cores);
@@ -114,16 +113,4 @@ size_t coll_pair_box_bytes(void) {
 size_t coll_sync_bytes(void) {
     static knob_t k;
     return knob_get(&k, "DLSLIME_COLL_SYNC_MIN", 32 * 1024, 0);
-}
-
-int coll_cpus(void) {
-    static _Atomic int cached;
-    int v = atomic_load(&cached);
-    if (!v) {
-        cpu_set_t set;
-        v = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-        if (v < 1) v = 1;
-        atomic_store(&cached, v);
-    }
-    return v;
 }

@@ -39,8 +39,6 @@ static slime_ctx_t *ctx_alloc(const slime_ctx_opts_t *opts, int force) {
     ctx->force = force;
     token_init(ctx, opts->token, opts->token_len);
     ctx->unexp_cap = env_size("DLSLIME_UNEXPECTED_MAX", 256u << 20);
-    cpu_set_t set;
-    ctx->cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
     budget_init(ctx);
     address_init(ctx);
     return ctx;
@@ -212,8 +210,20 @@ void slime_ctx_destroy(slime_ctx_t *ctx) {
 
 uint64_t slime_ctx_id(const slime_ctx_t *ctx) { return ctx ? ctx->id : 0; }
 
+int p2p_affinity_cpus(void) {
+    static _Atomic int cached;
+    int v = atomic_load(&cached);
+    if (!v) {
+        cpu_set_t set;
+        v = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (v < 1) v = 1;
+        atomic_store(&cached, v);
+    }
+    return v;
+}
+
 bool ctx_crowded(const slime_ctx_t *ctx) {
-    return atomic_load_explicit(&ctx->n_local_eps, memory_order_relaxed) + 1 > ctx->cpus;
+    return atomic_load_explicit(&ctx->n_local_eps, memory_order_relaxed) + 1 > p2p_affinity_cpus();
 }
 
 uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which) {

@@ -447,7 +447,6 @@ struct slime_ctx {
     slime_list_t accepted;      /* eps dialed by peers, not yet accepted */
     size_t n_fd_eps;            /* up eps whose transport is not TP_CAP_POLLED */
     _Atomic int n_local_eps;    /* up eps to a peer on this host (ctx_crowded) */
-    int cpus;                   /* the CPUs this process may run on, at create */
     unsigned poll_tick;
     bool poll_now;              /* look at the fds on the next pass */
     bool rma_batching;          /* slime_batch is posting: it starts the RMA queues */

@@ -145,6 +145,8 @@ typedef enum p2p_cap {
     P2P_CAP_CPU_RMA = 1u << 0,
 } p2p_cap_t;
 bool p2p_ep_can(const slime_ep_t *ep, p2p_cap_t cap);
+/* The CPUs this process may run on (its affinity mask, read once). */
+int p2p_affinity_cpus(void);
 
 /* ---- shared boxes (core/box.c) ---- */
 /* A few areas of memory that both processes of a same-host connection map

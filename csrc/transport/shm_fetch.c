@@ -27,9 +27,9 @@
  * DLSLIME_SHM_FETCH: 0 never, 1 on any host (tests), else (default) on
  * a crowded one (ctx_crowded: more peers up on this host, plus this
  * process, than CPUs in our affinity mask) up to DLSLIME_SHM_FETCH_MAX,
- * and on a roomy one from
- * DLSLIME_SHM_FETCH_ROOMY (0: never).  The pid fetched from is the one the
- * kernel vouched for on the connection's socket (SO_PEERCRED). */
+ * and on a roomy one from DLSLIME_SHM_FETCH_ROOMY (0: never).  The pid
+ * fetched from is the one the kernel vouched for on the connection's
+ * socket (SO_PEERCRED). */
 #include <stdint.h>
 #include <stdlib.h>
 
