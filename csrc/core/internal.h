@@ -484,6 +484,9 @@ struct slime_ctx {
      * collective's own transfers must not wake them */
     pthread_cond_t worker_cond;
     _Atomic int worker_sleepers;
+    /* completers order their look at the sleepers with a compiler
+     * barrier only: sleepers pay with membarrier(2) (wake_fence.c) */
+    _Atomic bool light_wake;
     slime_list_t callbacks;     /* completed requests whose cb is due */
     /* copy team for large one-sided copies (team.c), started on first use */
     pthread_mutex_t team_mtx;
@@ -522,6 +525,15 @@ bool ctx_sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg,
  * those in ctx_sleep_until too (a worker request completed). */
 void ctx_wake(slime_ctx_t *ctx, bool worker_sleepers);
 void ctx_wake_sleepers(slime_ctx_t *ctx); /* ctx_wake(ctx, false) */
+
+/* wake_fence.c: the fences between a completion and a sleeper */
+/* Whether this process may use light completer fences. */
+bool wake_fence_register(void);
+/* Between a completer's store and its look at the sleepers. */
+void wake_fence_completer(slime_ctx_t *ctx);
+/* Between a sleeper's count and its look at what it waits for; false
+ * when the completers' fences could not be covered (sleep briefly). */
+bool wake_fence_sleeper(slime_ctx_t *ctx);
 void ctx_kick(slime_ctx_t *ctx);
 /* A thread of ours just posted or looked for its work and will look
  * again soon: peers may skip doorbells a while (mr_shared_t.grace_until). */

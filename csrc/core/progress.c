@@ -26,6 +26,8 @@
 #define SHORT_SLEEP_MS 1         /* the progress thread's nap during grace */
 #define STANDBY_MS 10            /* ...its sleep while a waiter spins */
 #define LONG_SLEEP_MS 1000       /* ...and when all is quiet */
+#define SLEEP_MAX_NS 50000000ull /* a sleeping waiter looks at the clock this often */
+#define SLEEP_UNSURE_NS 1000000ull /* ...or this often, its wake-up in doubt */
 
 static void handle_event(slime_ctx_t *ctx, pollable_t *p, uint32_t events) {
     switch (p->kind) {
@@ -145,8 +147,8 @@ void ctx_kick(slime_ctx_t *ctx) {
 }
 
 void ctx_wake(slime_ctx_t *ctx, bool worker_sleepers) {
-    /* one fence for both kinds of sleeper: each completion pays it */
-    atomic_thread_fence(memory_order_seq_cst);
+    /* one ordering for both kinds of sleeper: each completion pays it */
+    wake_fence_completer(ctx);
     bool plain = atomic_load(&ctx->sleepers) != 0;
     bool workers = worker_sleepers && atomic_load(&ctx->worker_sleepers) != 0;
     if (!plain && !workers) return;
@@ -227,10 +229,13 @@ static bool sleep_until(slime_ctx_t *ctx, bool (*done)(void *), void *arg, uint6
     bool ok;
     pthread_mutex_lock(&ctx->sleep_mtx);
     atomic_fetch_add(sleepers, 1);
+    /* a completion that missed our count may have skipped the wake-up:
+     * then look again soon */
+    uint64_t nap = wake_fence_sleeper(ctx) ? SLEEP_MAX_NS : SLEEP_UNSURE_NS;
     while (!(ok = done(arg))) {
         uint64_t t = now_ns();
         if (t >= deadline || atomic_load(&ctx->closed)) break;
-        uint64_t until = t + 50000000ull < deadline ? t + 50000000ull : deadline;
+        uint64_t until = t + nap < deadline ? t + nap : deadline;
         struct timespec ts = timespec_at_ns(until);
         pthread_cond_timedwait(cond, &ctx->sleep_mtx, &ts);
     }
