@@ -95,6 +95,7 @@ typedef struct shm_conn {
     uint64_t tx_pos, tx_sent, rx_pos, rx_got;
     size_t tx_at, rx_at;                      /* tx_pos, rx_pos modulo size */
     size_t rx_left, rx_pad;                   /* of the packet being read: bytes, then padding */
+    bool rx_head_unfenced;                    /* room given back, a writer's request not yet looked at */
     /* the tx ring's lines whose start holds payload of the last lap, a
      * bit each: a new packet's header must not follow one of those */
     uint64_t *tx_stale;

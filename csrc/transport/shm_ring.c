@@ -199,11 +199,27 @@ void shm_copy_stream(uint8_t *dst, const uint8_t *src, size_t n) {
  * The tail of a message stays in cache for whoever reads it next. */
 #define STREAM_MIN (4u << 20)
 
+/* A writer that found the ring full asked for a doorbell (tx_fits):
+ * give it one, if it sleeps.  The fence orders the head's store, which
+ * gave it room, before the look at its request, against its store of
+ * the request before its look at the head. */
+static void rx_answer_writer(slime_ep_t *ep) {
+    shm_conn_t *c = ep->conn;
+    c->rx_head_unfenced = false;
+    atomic_thread_fence(memory_order_seq_cst);
+    if (!atomic_load_explicit(&c->rx->want_space, memory_order_relaxed)) return;
+    atomic_store(&c->rx->want_space, 0);
+    if (peer_needs_doorbell(c)) doorbell(ep);
+}
+
 /* Moves the read on by k bytes of the packet.  At its end (and past its
- * padding) the room is the writer's again, and a writer waiting for it
- * gets a doorbell: not before, as the writer takes whole lines only, and
- * a small frame is read in two pieces (header, payload) that would pay
- * the head's fenced store twice. */
+ * padding) the room is the writer's again: not before, as the writer
+ * takes whole lines only, and a small frame is read in two pieces
+ * (header, payload).  A writer waiting for the room is answered at once
+ * when its request is seen here; else later, when a look finds the ring
+ * empty (shm_rx_ready): the fence that makes sure of the request costs a
+ * small message's reader ~10 ns, and a writer only asks when the ring
+ * is full, which a reader that finds it empty soon after has emptied. */
 static void rx_release(slime_ep_t *ep, size_t k) {
     shm_conn_t *c = ep->conn;
     c->rx_left -= k;
@@ -212,11 +228,9 @@ static void rx_release(slime_ep_t *ep, size_t k) {
     c->rx_pos += k;
     c->rx_at = ring_advance(c, c->rx_at, k);
     if (c->rx_left) return;
-    atomic_store_explicit(&c->rx->head, c->rx_pos, memory_order_seq_cst);
-    if (atomic_load_explicit(&c->rx->want_space, memory_order_seq_cst)) {
-        atomic_store(&c->rx->want_space, 0);
-        if (peer_needs_doorbell(c)) doorbell(ep);
-    }
+    atomic_store_explicit(&c->rx->head, c->rx_pos, memory_order_release);
+    c->rx_head_unfenced = true;
+    if (atomic_load_explicit(&c->rx->want_space, memory_order_relaxed)) rx_answer_writer(ep);
 }
 
 /* The receive being read into asked for that (recv_opts_t.cold): a
@@ -325,9 +339,15 @@ bool shm_rx_beyond(slime_ep_t *ep, size_t n) {
     return c->hung_up || atomic_load_explicit(&c->rx->tail, memory_order_acquire) - c->rx_got > n;
 }
 
-/* A parked payload is no work until something arrives behind it. */
+/* A parked payload is no work until something arrives behind it.  Every
+ * pass of progress asks, as does the progress thread before it sleeps:
+ * a look that finds nothing answers a writer's request for room that
+ * rx_release may not have seen. */
 bool shm_rx_ready(slime_ep_t *ep) {
-    return ep->rx.parked ? shm_rx_beyond(ep, ep->rx.left) : rx_pending(ep->conn);
+    shm_conn_t *c = ep->conn;
+    bool ready = ep->rx.parked ? shm_rx_beyond(ep, ep->rx.left) : rx_pending(c);
+    if (!ready && c->rx_head_unfenced) rx_answer_writer(ep);
+    return ready;
 }
 
 bool shm_has_work(slime_ep_t *ep) {
