@@ -48,6 +48,7 @@
 #define SEQ_BITS 40
 #define SEQ_MASK ((1ull << SEQ_BITS) - 1)
 #define NAP_MS 10                   /* a sleeper's look at deadline and peer */
+#define NAP_UNSURE_MS 1             /* ...and its nap when a wake-up may be missed */
 /* the collective step that carries the offers (exchange.c names it) */
 #define AGREE_STEP (COLL_STEP_LIMIT - 4)
 
@@ -81,7 +82,7 @@ static long futex(void *addr, int op, uint32_t val, const struct timespec *ts) {
 
 /* After writing a word of our side: a peer asleep on it needs a wake. */
 static void wake_peer(slime_comm_t *c, _Atomic uint64_t *word) {
-    atomic_thread_fence(memory_order_seq_cst);
+    p2p_shared_fence_writer(c->ctx);
     if (atomic_load_explicit(sleep_word(theirs(c), c->box.len), memory_order_relaxed))
         futex((void *)word, FUTEX_WAKE, INT_MAX, NULL);
 }
@@ -107,8 +108,9 @@ static bool still_waiting(coll_run_t *r, uint64_t now, const char *what) {
 static void nap(slime_comm_t *c, _Atomic uint64_t *word, uint64_t seen) {
     _Atomic uint32_t *flag = sleep_word(c->box.mine, c->box.len);
     atomic_store(flag, 1); /* before the last look: see wake_peer */
+    long ms = p2p_shared_fence_sleeper() ? NAP_MS : NAP_UNSURE_MS;
     if (atomic_load(word) == seen) {
-        struct timespec ts = {0, NAP_MS * 1000000l};
+        struct timespec ts = {0, ms * 1000000l};
         /* the stamp's low half (x86: the first four bytes) changes with
          * every message */
         futex((void *)word, FUTEX_WAIT, (uint32_t)seen, &ts);

@@ -39,7 +39,7 @@ static slime_ctx_t *ctx_alloc(const slime_ctx_opts_t *opts, int force) {
     ctx->force = force;
     token_init(ctx, opts->token, opts->token_len);
     ctx->unexp_cap = env_size("DLSLIME_UNEXPECTED_MAX", 256u << 20);
-    atomic_store(&ctx->light_wake, wake_fence_register());
+    wake_fence_register(ctx);
     budget_init(ctx);
     address_init(ctx);
     return ctx;

@@ -487,6 +487,7 @@ struct slime_ctx {
     /* completers order their look at the sleepers with a compiler
      * barrier only: sleepers pay with membarrier(2) (wake_fence.c) */
     _Atomic bool light_wake;
+    bool light_shared;          /* ...writers to shared boxes too */
     slime_list_t callbacks;     /* completed requests whose cb is due */
     /* copy team for large one-sided copies (team.c), started on first use */
     pthread_mutex_t team_mtx;
@@ -527,8 +528,8 @@ void ctx_wake(slime_ctx_t *ctx, bool worker_sleepers);
 void ctx_wake_sleepers(slime_ctx_t *ctx); /* ctx_wake(ctx, false) */
 
 /* wake_fence.c: the fences between a completion and a sleeper */
-/* Whether this process may use light completer fences. */
-bool wake_fence_register(void);
+/* Sets light_wake and light_shared: what this process may skip. */
+void wake_fence_register(slime_ctx_t *ctx);
 /* Between a completer's store and its look at the sleepers. */
 void wake_fence_completer(slime_ctx_t *ctx);
 /* Between a sleeper's count and its look at what it waits for; false

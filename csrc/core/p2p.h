@@ -183,5 +183,12 @@ void p2p_ep_wait_begin(slime_ep_t *ep);
 void p2p_ep_wait_end(slime_ep_t *ep);
 /* One more collective that went through a box (SLIME_COUNTER_BOX_OPS). */
 void p2p_count_box_op(slime_ctx_t *ctx);
+/* The order between a box's writer and a reader asleep on it
+ * (core/wake_fence.c): the writer's, after its store and before its look
+ * at the reader's sleep flag; the sleeper's, after raising its flag and
+ * before its last look, false when the writers could not be covered
+ * (then sleep briefly). */
+void p2p_shared_fence_writer(const slime_ctx_t *ctx);
+bool p2p_shared_fence_sleeper(void);
 
 #endif

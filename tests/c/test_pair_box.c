@@ -12,6 +12,7 @@
 #include "test_coll_util.h"
 
 #include <stdio.h>
+#include <time.h>
 
 static uint64_t box_ops(h_rank_t *r)
 {
@@ -141,6 +142,50 @@ static void peer_killed_in_the_box(h_rank_t *r)
     slime_comm_destroy(comm);
 }
 
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Rank 1 enters an allreduce 50 ms before rank 0 does, long enough to
+ * give up spinning and nap on the box; rank 0's message must wake it
+ * (a futex wake, after the fences of core/wake_fence.c), well before its
+ * nap (10 ms) runs out: a missed wake shows as a finish spread over the
+ * nap, 4 ms or more after the message in 6 rounds of 10 on average.
+ * Over tcp, where there is no box, the same holds for a receive's. */
+static void napping_rank_is_woken(h_rank_t *r)
+{
+    enum { ROUNDS = 10, SOON_NS = 4000000 };
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    t_allreduce_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 2);
+    uint64_t before = box_ops(r);
+    int soon = 0;
+    for (int i = 0; i < ROUNDS; i++) {
+        float x[2] = {(float)r->rank, 1};
+        slime_req_t *q = NULL;
+        if (r->rank == 0) {
+            h_sleep_ms(50);
+            uint64_t sent = mono_ns();
+            H_CHECK_OK(slime_allreduce(comm, x, 2, SLIME_DT_FLOAT32, SLIME_RED_SUM, &q));
+            H_WAIT_FREE(q, SLIME_OK);
+            h_ctl_send_u64(r, 1, sent);
+        } else {
+            H_CHECK_OK(slime_allreduce(comm, x, 2, SLIME_DT_FLOAT32, SLIME_RED_SUM, &q));
+            H_WAIT_FREE(q, SLIME_OK);
+            uint64_t done = mono_ns(), sent = h_ctl_recv_u64(r, 0);
+            h_log("round %d: done %.3f ms after rank 0 came", i, (double)(done - sent) / 1e6);
+            soon += done - sent < SOON_NS;
+        }
+        H_CHECK(x[0] == 1.0f && x[1] == 2.0f);
+    }
+    H_CHECK_EQ(box_ops(r) - before, over_shm() ? ROUNDS : 0); /* tcp: the sleep of a receive */
+    if (r->rank == 1)
+        H_CHECK(soon >= 8);
+    slime_comm_destroy(comm);
+}
+
 /* ---- the other collectives ------------------------------------------ */
 
 static uint64_t seed_of(int rank, int what)
@@ -260,6 +305,7 @@ int main(int argc, char **argv)
         {"more_comms_than_slots", more_comms_than_slots, 2, false, 0},
         {"one_rank_refuses", one_rank_refuses, 2, false, 0},
         {"peer_killed_in_the_box", peer_killed_in_the_box, 2, false, 1u << 1},
+        {"napping_rank_is_woken", napping_rank_is_woken, 2, false, 0},
         {"other_collectives_take_the_box", other_collectives_take_the_box, 2, false, 0},
         {"broadcast_runs_ahead", broadcast_runs_ahead, 2, false, 0},
     };
