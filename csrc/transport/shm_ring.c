@@ -340,8 +340,9 @@ bool shm_rx_beyond(slime_ep_t *ep, size_t n) {
 }
 
 /* A parked payload is no work until something arrives behind it.  Every
- * pass of progress asks, as does the progress thread before it sleeps:
- * a look that finds nothing answers a writer's request for room that
+ * pass of progress asks (but for a paused endpoint, whose next release
+ * looks itself), as does the progress thread before it sleeps: a look
+ * that finds nothing answers a writer's request for room that
  * rx_release may not have seen. */
 bool shm_rx_ready(slime_ep_t *ep) {
     shm_conn_t *c = ep->conn;
