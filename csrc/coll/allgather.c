@@ -12,7 +12,7 @@
 /* Whether bytes at src overlap none of the n blocks of that size. */
 static bool src_apart(const uint8_t *src, size_t bytes, uint8_t *const *blocks, int n) {
     for (int b = 0; b < n; b++)
-        if ((uintptr_t)src < (uintptr_t)blocks[b] + bytes && (uintptr_t)blocks[b] < (uintptr_t)src + bytes) return false;
+        if (coll_overlaps(src, blocks[b], bytes)) return false;
     return true;
 }
 

@@ -364,5 +364,10 @@ slime_status_t coll_check_reduce(const char *name, slime_dtype_t dt, slime_redop
 
 /* ---- the collectives' bodies ---- */
 static inline int mod_rank(int x, int n) { return ((x % n) + n) % n; }
+/* Whether two ranges of len bytes share a byte. */
+static inline bool coll_overlaps(const void *a, const void *b, size_t len) {
+    const uint8_t *x = a, *y = b;
+    return len && x < y + len && y < x + len;
+}
 
 #endif

@@ -14,11 +14,6 @@
 #include "coll/coll.h"
 #include "coll/reduce_kernels.h"
 
-static bool overlaps(const void *a, const void *b, size_t len) {
-    const uint8_t *x = a, *y = b;
-    return len && x < y + len && y < x + len;
-}
-
 bool pairbox_allreduce(coll_run_t *r, const coll_op_t *op) {
     slime_comm_t *c = r->comm;
     const size_t es = slime_dtype_size(op->dtype);
@@ -99,7 +94,7 @@ bool pairbox_reduce_scatter(coll_run_t *r, const coll_op_t *op) {
     const uint8_t *const *src = (const uint8_t *const *)op->ptrs;
     const uint8_t *own = src[c->rank], *theirs = src[1 - c->rank];
     uint8_t *out = op->dst;
-    if (overlaps(out, own, total) || overlaps(out, theirs, total)) {
+    if (coll_overlaps(out, own, total) || coll_overlaps(out, theirs, total)) {
         out = comm_scratch(c, total);
         if (!out) return run_fail(r, SLIME_ERR_NOMEM, "out of memory for %zu bytes of scratch", total);
     }

@@ -10,7 +10,6 @@
  * of the process, and the completer needs only to keep the compiler from
  * reordering its look (p2p_bench sendrecv, 8 B over shm: ~5 ns of ~260
  * one way). */
-#include <errno.h>
 #include <linux/membarrier.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
@@ -19,6 +18,15 @@
 #include "core/internal.h"
 
 static int membarrier(int cmd) { return (int)syscall(__NR_membarrier, cmd, 0, 0); }
+
+/* A writer's side: a compiler barrier where a sleeper's membarrier
+ * covers it (light), else a full fence. */
+static void writer_fence(bool light) {
+    if (light)
+        atomic_signal_fence(memory_order_seq_cst);
+    else
+        atomic_thread_fence(memory_order_seq_cst);
+}
 
 /* Each context asks (again is harmless): a process that forked and
  * creates its contexts in the child registers there. */
@@ -32,10 +40,7 @@ void wake_fence_register(slime_ctx_t *ctx) {
 }
 
 void wake_fence_completer(slime_ctx_t *ctx) {
-    if (atomic_load_explicit(&ctx->light_wake, memory_order_relaxed))
-        atomic_signal_fence(memory_order_seq_cst);
-    else
-        atomic_thread_fence(memory_order_seq_cst);
+    writer_fence(atomic_load_explicit(&ctx->light_wake, memory_order_relaxed));
 }
 
 /* Between processes: a writer to shared memory, then its look at the
@@ -44,12 +49,7 @@ void wake_fence_completer(slime_ctx_t *ctx) {
  * no fence: a sleeper's global membarrier reaches every registered
  * process.  One not registered keeps its own fence.  An 8-byte two-rank
  * allreduce, allgather or reduce_scatter: ~20 ns of ~285. */
-void p2p_shared_fence_writer(const slime_ctx_t *ctx) {
-    if (ctx->light_shared)
-        atomic_signal_fence(memory_order_seq_cst);
-    else
-        atomic_thread_fence(memory_order_seq_cst);
-}
+void p2p_shared_fence_writer(const slime_ctx_t *ctx) { writer_fence(ctx->light_shared); }
 
 bool p2p_shared_fence_sleeper(void) {
     if (membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0) return true;
