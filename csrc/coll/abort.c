@@ -56,6 +56,19 @@ void abort_broadcast(slime_comm_t *comm, slime_status_t st, const char *text) {
     }
 }
 
+void comm_break(slime_comm_t *comm, slime_status_t st, const char *text) {
+    pthread_mutex_lock(&comm->mu);
+    bool first = comm->broken == SLIME_OK;
+    if (first) {
+        comm->broken = st;
+        /* the cause may be longer than what is kept of it: cut it, and
+         * say so to GCC, whose -O3 format-truncation check fails the build */
+        snprintf(comm->broken_text, sizeof comm->broken_text, "%.*s", (int)sizeof comm->broken_text - 1, text);
+    }
+    pthread_mutex_unlock(&comm->mu);
+    if (first && st != SLIME_ERR_CLOSED) abort_broadcast(comm, st, text);
+}
+
 void abort_channel_close(slime_comm_t *comm) {
     if (comm->abort_req) {
         slime_req_free(comm->abort_req); /* cancels it if still posted */

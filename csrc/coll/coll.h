@@ -189,6 +189,9 @@ void abort_channel_close(slime_comm_t *comm);
 slime_status_t abort_received(slime_comm_t *comm, char *text, size_t len);
 /* Tells every reachable member this rank failed. */
 void abort_broadcast(slime_comm_t *comm, slime_status_t st, const char *text);
+/* Marks the communicator broken (the first failure wins) and, unless
+ * destroy is the cause, tells the other members. */
+void comm_break(slime_comm_t *comm, slime_status_t st, const char *text);
 
 /* ---- exchange.c: the messages of the collective being run ---- */
 typedef struct xfer {

@@ -42,6 +42,10 @@ static bool vfail(coll_run_t *r, slime_status_t st, const char *fmt, va_list ap)
     vsnprintf(why, sizeof why, fmt, ap);
     r->status = st;
     snprintf(r->detail, sizeof r->detail, "%s: %s", coll_what(r->op).text, why);
+    /* now, not when the run returns: the algorithm's clean-up then
+     * deregisters its regions, and a member reading from one must find
+     * our notice on its way before it finds the region gone */
+    comm_break(r->comm, st, r->detail);
     return false;
 }
 
@@ -282,16 +286,32 @@ static xfer_t *first_failed(coll_run_t *r, const int *h, size_t n) {
     return NULL;
 }
 
+/* How long a read refused by a live member waits for that member's
+ * notice: it was sent before the region went, so it is moments away. */
+#define NOTICE_WAIT_MS 200
+
+static bool notice_in(void *arg) {
+    slime_req_t *ab = ((slime_comm_t *)arg)->abort_req;
+    return ab && p2p_req_done(ab);
+}
+
+static bool refused_read(const xfer_t *x, slime_status_t st) {
+    return st == SLIME_ERR_ACCESS && x->is_read;
+}
+
 static bool check_failures(coll_run_t *r, const int *h, size_t n) {
     char text[600];
     xfer_t *x = first_failed(r, h, n);
+    slime_status_t st = x ? p2p_req_state(x->req) : SLIME_OK;
+    if (x && refused_read(x, st))
+        p2p_wait_until(r->comm->ctx, notice_in, r->comm, now_ns() + (uint64_t)NOTICE_WAIT_MS * 1000000ull);
     slime_status_t told = abort_received(r->comm, text, sizeof text);
     /* A member that gives up tells us why, then cancels our messages to
-     * it, or exits: with its notice in, the cancel or the hang-up is the
-     * effect and the notice the cause (the same connection delivered
-     * both, in that order). */
-    slime_status_t st = x ? p2p_req_state(x->req) : SLIME_OK;
-    bool effect = told != SLIME_OK && (st == SLIME_ERR_CANCELED || st == SLIME_ERR_PEER_LOST);
+     * it, deregisters the regions we read from, or exits: with its
+     * notice in, the cancel, the refused read or the hang-up is the
+     * effect and the notice the cause (it was sent first). */
+    bool effect = told != SLIME_OK &&
+                  (st == SLIME_ERR_CANCELED || st == SLIME_ERR_PEER_LOST || refused_read(x, st));
     if (x && !effect) return fail_at(r, st, x, "%s", slime_req_error(x->req));
     return run_check_members(r, told, text);
 }

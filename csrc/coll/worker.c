@@ -65,21 +65,6 @@ static void op_retire(slime_comm_t *comm, coll_op_t *op) {
     else comm->spare_op = op;
 }
 
-/* Marks the communicator broken (first failure wins) and tells the
- * other members. */
-static void comm_break(slime_comm_t *comm, slime_status_t st, const char *text) {
-    pthread_mutex_lock(&comm->mu);
-    bool first = comm->broken == SLIME_OK;
-    if (first) {
-        comm->broken = st;
-        /* the cause may be longer than what is kept of it: cut it, and
-         * say so to GCC, whose -O3 format-truncation check fails the build */
-        snprintf(comm->broken_text, sizeof comm->broken_text, "%.*s", (int)sizeof comm->broken_text - 1, text);
-    }
-    pthread_mutex_unlock(&comm->mu);
-    if (first && st != SLIME_ERR_CLOSED) abort_broadcast(comm, st, text);
-}
-
 /* broken: the communicator's state when op was taken (under comm->mu) */
 static void run_one(slime_comm_t *comm, coll_op_t *op, slime_status_t broken) {
     slime_status_t st = broken;
