@@ -154,6 +154,9 @@ slime_status_t mr_table_acquire(mr_shared_t *t, uint64_t handle, uint32_t rkey,
                                 uint64_t off, uint64_t len, unsigned access,
                                 uint64_t *addr, char *why, size_t whylen);
 void mr_table_release(mr_shared_t *t, uint64_t handle);
+/* Takes off table t the pins a peer that ended left on it: pins[s] on
+ * slot s (each read once, and no more than the slot holds).  How many. */
+uint64_t mr_table_drop_pins(mr_shared_t *t, const _Atomic uint32_t *pins);
 /* The owner's check of a peer's access to one of its regions, served by
  * its progress engine (under ctx->lock): against ctx->mr_slots, never the
  * shared table, and pinned privately until mr_own_release. */

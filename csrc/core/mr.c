@@ -74,6 +74,23 @@ void mr_table_release(mr_shared_t *t, uint64_t handle) {
     if (slot < MR_TABLE_SLOTS) atomic_fetch_sub(&t->slots[slot].inflight, 1);
 }
 
+uint64_t mr_table_drop_pins(mr_shared_t *t, const _Atomic uint32_t *pins) {
+    uint64_t dropped = 0;
+    for (uint32_t s = 0; s < MR_TABLE_SLOTS; s++) {
+        uint32_t left = atomic_load_explicit(&pins[s], memory_order_relaxed);
+        _Atomic int32_t *inflight = &t->slots[s].inflight;
+        int32_t cur = atomic_load(inflight);
+        while (left && cur > 0) {
+            int32_t take = left < (uint32_t)cur ? (int32_t)left : cur;
+            if (atomic_compare_exchange_weak(inflight, &cur, cur - take)) {
+                dropped += (uint64_t)take;
+                break;
+            }
+        }
+    }
+    return dropped;
+}
+
 slime_status_t mr_own_acquire(slime_ctx_t *ctx, uint64_t handle, uint32_t rkey, uint64_t off, uint64_t len,
                               unsigned access, uint64_t *addr, char *why, size_t whylen) {
     uint32_t slot = (uint32_t)(handle >> 32), gen = (uint32_t)handle;

@@ -145,6 +145,7 @@ static const int_constant_t int_constants[] = {
     {"COUNTER_DOORBELLS", SLIME_COUNTER_DOORBELLS},
     {"COUNTER_SHM_FETCHES", SLIME_COUNTER_SHM_FETCHES},
     {"COUNTER_RENDEZVOUS", SLIME_COUNTER_RENDEZVOUS},
+    {"COUNTER_DEAD_PEER_PINS", SLIME_COUNTER_DEAD_PEER_PINS},
 };
 
 static int add_types(PyObject *module)

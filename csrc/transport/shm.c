@@ -23,6 +23,7 @@ typedef struct shm_ctx {
     int listen_fd;
     atomic_uint_fast64_t doorbells; /* SLIME_COUNTER_DOORBELLS */
     atomic_uint_fast64_t fetches;   /* SLIME_COUNTER_SHM_FETCHES */
+    atomic_uint_fast64_t dead_pins; /* SLIME_COUNTER_DEAD_PEER_PINS */
 } shm_ctx_t;
 
 /* Not opened while another transport is forced: nothing would dial it. */
@@ -70,10 +71,16 @@ void shm_count_fetch(slime_ctx_t *ctx) {
     if (s) atomic_fetch_add_explicit(&s->fetches, 1, memory_order_relaxed);
 }
 
+void shm_count_dead_pins(slime_ctx_t *ctx, uint64_t n) {
+    shm_ctx_t *s = ctx_tp_state(ctx, WIRE_TRANSPORT_SHM);
+    if (s) atomic_fetch_add_explicit(&s->dead_pins, n, memory_order_relaxed);
+}
+
 static uint64_t shm_counter(const void *state, slime_counter_t which) {
     const shm_ctx_t *s = state;
     return which == SLIME_COUNTER_DOORBELLS    ? atomic_load(&s->doorbells)
            : which == SLIME_COUNTER_SHM_FETCHES ? atomic_load(&s->fetches)
+           : which == SLIME_COUNTER_DEAD_PEER_PINS ? atomic_load(&s->dead_pins)
                                                 : 0;
 }
 
@@ -149,7 +156,10 @@ shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, uint64_t ring, 
     /* no larger than the ring: a copy wraps around it at most once, even
      * where the peer has scribbled over the ring's head and tail */
     c->chunk = min_sz(env_size("DLSLIME_SHM_CHUNK", SHM_CHUNK), ring);
-    uint8_t *d0 = seg + SEG_HDR + SHM_BOX_AREA, *d1 = d0 + ring;
+    _Atomic uint32_t *pins = (_Atomic uint32_t *)(seg + SEG_HDR + SHM_BOX_AREA);
+    c->my_pins = dialer ? pins : pins + MR_TABLE_SLOTS;
+    c->peer_pins = dialer ? pins + MR_TABLE_SLOTS : pins;
+    uint8_t *d0 = seg + SEG_HDR + SHM_BOX_AREA + SHM_PINS_AREA, *d1 = d0 + ring;
     c->tx = &h->ring[dialer ? 0 : 1];
     c->rx = &h->ring[dialer ? 1 : 0];
     c->txd = dialer ? d0 : d1;
@@ -167,6 +177,7 @@ shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, uint64_t ring, 
 static void shm_close(slime_ep_t *ep) {
     shm_conn_t *c = ep->conn;
     if (!c) return;
+    shm_pins_reclaim(ep->ctx, c);
     close(c->sock);
     shm_mapping_put(c->seg);
     peermap_free(c->map);

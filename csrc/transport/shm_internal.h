@@ -6,7 +6,9 @@
  *   shm_ring.c       the two rings of the frame stream, and doorbells
  *   shm_box.c        the shared boxes (p2p_box_t) between header and rings
  *   shm_rma.c        one-sided ops by CMA or mapped blocks, split among
- *                    the copy team, small ones coalesced */
+ *                    the copy team, small ones coalesced
+ *   shm_pins.c       the pins on the peer's MR table, counted where the
+ *                    peer finds them if this process ends mid-copy */
 #ifndef SLIME_SHM_INTERNAL_H
 #define SLIME_SHM_INTERNAL_H
 
@@ -23,6 +25,12 @@
 #define SHM_BOX_SLOTS 8
 #define SHM_BOX_SIDE ((16u << 10) + 256)
 #define SHM_BOX_AREA ((size_t)SHM_BOX_SLOTS * 2 * SHM_BOX_SIDE)
+
+/* The pins area (shm_pins.c): a side per process (the dialer's first),
+ * each a count per slot of the other's MR table of the pins this side
+ * holds on it right now: 32 KiB per connection. */
+#define SHM_PINS_SIDE ((size_t)MR_TABLE_SLOTS * sizeof(uint32_t))
+#define SHM_PINS_AREA (2 * SHM_PINS_SIDE)
 
 /* The ring sizes a segment may have (DLSLIME_SHM_RING, or a dialer's
  * header): bounded, so that the segment's size cannot overflow, and
@@ -100,6 +108,7 @@ typedef struct shm_conn {
      * bit each: a new packet's header must not follow one of those */
     uint64_t *tx_stale;
     mr_shared_t *peer;                        /* the peer's MR table */
+    _Atomic uint32_t *my_pins, *peer_pins;    /* the pins area's sides (shm_pins.c) */
     int peer_pid;
     bool cma;
     size_t cma_max;                           /* larger unmapped ops go by the rings */
@@ -116,6 +125,8 @@ typedef struct shm_conn {
 void shm_count_doorbell(slime_ctx_t *ctx);
 /* One more rendezvous fetched (SLIME_COUNTER_SHM_FETCHES). */
 void shm_count_fetch(slime_ctx_t *ctx);
+/* n more pins a dead peer left, taken off (SLIME_COUNTER_DEAD_PEER_PINS). */
+void shm_count_dead_pins(slime_ctx_t *ctx, uint64_t n);
 /* The pid of the process at the other end of a unix socket, or 0. */
 int shm_peer_pid(int sock);
 /* fd mapped shared, read-write; NULL on failure. */
@@ -124,11 +135,21 @@ void *shm_map(int fd, size_t len);
  * first), up to a bound; NULL on failure. */
 void *shm_map_ring(int fd, size_t len, bool creator);
 /* For a ring between RING_MIN and RING_MAX. */
-static inline size_t shm_seg_size(uint64_t ring) { return SEG_HDR + SHM_BOX_AREA + 2 * ring; }
+static inline size_t shm_seg_size(uint64_t ring) { return SEG_HDR + SHM_BOX_AREA + SHM_PINS_AREA + 2 * ring; }
 /* A connection over the mapped segment seg, of two rings of ring bytes
  * (checked, and never read again from the segment), and the peer's MR
  * table: owns sock, seg and peer from then on; NULL when out of memory. */
 shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, uint64_t ring, mr_shared_t *peer, bool dialer);
+
+/* shm_pins.c */
+/* mr_table_acquire on the peer's table, noting the pin in our side of
+ * the pins area; shm_unpin undoes both. */
+slime_status_t shm_pin(shm_conn_t *c, uint64_t handle, uint32_t rkey, uint64_t off, uint64_t len,
+                       unsigned access, uint64_t *addr, char *why, size_t whylen);
+void shm_unpin(shm_conn_t *c, uint64_t handle);
+/* As the connection closes: if the peer's process has ended, takes the
+ * pins it noted off our MR table. */
+void shm_pins_reclaim(slime_ctx_t *ctx, shm_conn_t *c);
 
 /* shm_handshake.c */
 slime_status_t shm_listen(uint64_t ctx_id, int *fd);

@@ -88,11 +88,10 @@ static void rma_coalesce(slime_ep_t *ep, slime_req_t *head) {
         uint64_t raddr;
         char why[160];
         if (q->done || q->len > COALESCE_OP_MAX || q->is_write != head->is_write) break;
-        if (mr_table_acquire(c->peer, q->r_handle, q->r_rkey, q->r_off, q->len, access, &raddr, why,
-                             sizeof why) != SLIME_OK)
+        if (shm_pin(c, q->r_handle, q->r_rkey, q->r_off, q->len, access, &raddr, why, sizeof why) != SLIME_OK)
             break;
         if (peermap_lookup(c->map, &c->peer->slots[(uint32_t)(q->r_handle >> 32)], raddr, q->len)) {
-            mr_table_release(c->peer, q->r_handle); /* memcpy serves it */
+            shm_unpin(c, q->r_handle); /* memcpy serves it */
             break;
         }
         l[n] = (struct iovec){.iov_base = q->buf, .iov_len = q->len};
@@ -107,7 +106,7 @@ static void rma_coalesce(slime_ep_t *ep, slime_req_t *head) {
             got -= (ssize_t)reqs[i]->len;
         }
     }
-    for (size_t i = 0; i < n; i++) mr_table_release(c->peer, reqs[i]->r_handle);
+    for (size_t i = 0; i < n; i++) shm_unpin(c, reqs[i]->r_handle);
 }
 
 slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max) {
@@ -120,20 +119,20 @@ slime_status_t shm_rma(slime_ep_t *ep, slime_req_t *req, size_t max) {
         size_t k = min_sz(req->len - req->done, max);
         rma_job_t j = {.c = c, .req = req, .base = req->done};
         char why[160];
-        slime_status_t st = mr_table_acquire(c->peer, req->r_handle, req->r_rkey, req->r_off + req->done, k,
-                                             req->is_write ? SLIME_ACCESS_REMOTE_WRITE : SLIME_ACCESS_REMOTE_READ,
-                                             &j.raddr, why, sizeof why);
+        slime_status_t st = shm_pin(c, req->r_handle, req->r_rkey, req->r_off + req->done, k,
+                                    req->is_write ? SLIME_ACCESS_REMOTE_WRITE : SLIME_ACCESS_REMOTE_READ, &j.raddr,
+                                    why, sizeof why);
         if (st != SLIME_OK) {
             req_complete(req, st, "remote region: %s", why);
             return st;
         }
         j.mapped = peermap_lookup(c->map, &c->peer->slots[(uint32_t)(req->r_handle >> 32)], j.raddr, k);
         if (!j.mapped && req->done == 0 && req->len > c->cma_max) {
-            mr_table_release(c->peer, req->r_handle);
+            shm_unpin(c, req->r_handle);
             return SLIME_ERR_UNSUPPORTED; /* by the rings, see CMA_MAX */
         }
         st = team_run(ep->ctx, rma_piece, &j, k, k < (j.mapped ? MAPPED_TEAM_MIN : CMA_TEAM_MIN) ? k : RMA_PIECE);
-        mr_table_release(c->peer, req->r_handle);
+        shm_unpin(c, req->r_handle);
         if (st == SLIME_OK) {
             req->done += k;
             max -= k;

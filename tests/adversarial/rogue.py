@@ -28,7 +28,8 @@ ID_SECRET = 16                            # wire.h: SLIME_ID_SECRET
 
 SEG_HDR = 4096
 BOX_AREA = 8 * 2 * (16 * 1024 + 256)      # shm_internal.h: SHM_BOX_AREA, between header and rings
-RINGS = SEG_HDR + BOX_AREA                # where ring[0]'s bytes start
+PINS_AREA = 2 * 4096 * 4                  # shm_internal.h: SHM_PINS_AREA, after the boxes
+RINGS = SEG_HDR + BOX_AREA + PINS_AREA    # where ring[0]'s bytes start
 RING0_TAIL, RING0_HEAD = 64, 128          # seg_hdr_t.ring[0]: dialer -> acceptor
 RING_LINE, PACKET_HDR = 64, 8              # shm_internal.h: SHM_LINE, SHM_PACKET_HDR
 MR_TABLE_SIZE = 64 + 4096 * 64            # sizeof(mr_shared_t)

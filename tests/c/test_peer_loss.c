@@ -313,6 +313,65 @@ static void case_onesided_in_flight(h_rank_t *r)
     free(local);
 }
 
+/* Ranks 1 to 3 read rank 0's region over and over, several reads queued
+ * so that one is always copying, and die in the middle of a copy.  Over
+ * shm a reader's pin on the region's entry dies with it: rank 0 takes
+ * it off when the connection closes (the counter says it did: three
+ * readers make a kill between two copies of each unlikely enough), and
+ * deregisters the region at once instead of waiting for the pin. */
+enum { READERS = 3 };
+
+static _Noreturn void read_until_killed(h_rank_t *r, size_t len)
+{
+    enum { QUEUED = 4 };
+    slime_mr_desc_t remote = h_recv_desc(r, 0);
+    uint8_t *local = h_alloc(QUEUED * len);
+    slime_mr_t *mr = h_mr_reg(r->ctx, local, QUEUED * len, SLIME_ACCESS_ALL);
+    slime_req_t *reqs[QUEUED] = {NULL};
+    for (uint64_t i = 0;; i++) {
+        int k = (int)(i % QUEUED);
+        if (reqs[k] != NULL) {
+            if (slime_req_wait(reqs[k], H_WAIT_MS) != SLIME_OK)
+                victim_linger();
+            slime_req_free(reqs[k]);
+            reqs[k] = NULL;
+        }
+        H_CHECK_OK(slime_read(r->ep[0], mr, (size_t)k * len, &remote, 0, len, &reqs[k]));
+        if (i == QUEUED)
+            h_ctl_send_u64(r, 0, 1);
+    }
+}
+
+static void case_readers_killed_mid_copy(h_rank_t *r)
+{
+    const size_t len = 16u << 20;
+    if (r->rank > 0)
+        read_until_killed(r, len);
+    uint8_t *region = h_alloc(len);
+    slime_mr_t *mr = h_mr_reg(r->ctx, region, len, SLIME_ACCESS_ALL);
+    for (int k = 1; k <= READERS; k++) {
+        h_send_desc(r, k, mr);
+        (void)h_ctl_recv_u64(r, k);
+    }
+    h_sleep_ms(30); /* reads back to back: each kill lands in one */
+    bool shm = strcmp(slime_ep_transport(r->ep[1]), "shm") == 0;
+    const int64_t killed_at = h_now_ms();
+    for (int k = 1; k <= READERS; k++)
+        h_kill_rank(r, k);
+    for (int k = 1; k <= READERS; k++)
+        while (slime_ep_status(r->ep[k]) == SLIME_OK)
+            check_elapsed(killed_at, "noticing the losses"), h_sleep_ms(1);
+    const int64_t lost_at = h_now_ms();
+    H_CHECK_OK(slime_mr_dereg(mr));
+    int64_t took = h_now_ms() - lost_at;
+    if (took > 1000)
+        h_fail(__FILE__, __LINE__, "deregistering took %lld ms after the "
+               "readers were lost", (long long)took);
+    if (shm)
+        H_CHECK(slime_ctx_counter(r->ctx, SLIME_COUNTER_DEAD_PEER_PINS) >= 1);
+    free(region);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -320,6 +379,8 @@ int main(int argc, char **argv)
         {"mid_stream", case_mid_stream, 3, false, 1u << VICTIM},
         {"onesided_in_flight", case_onesided_in_flight, 3, false,
          1u << VICTIM},
+        {"readers_killed_mid_copy", case_readers_killed_mid_copy,
+         1 + READERS, false, 0xeu},
     };
     return h_main("test_peer_loss", cases, sizeof cases / sizeof cases[0],
                   argc, argv);

@@ -186,6 +186,10 @@ typedef enum slime_counter {
      * the bytes once the receiver asks or fetches them) rather than
      * eagerly */
     SLIME_COUNTER_RENDEZVOUS = 9,
+    /* pins on this context's regions that a peer of this host left when
+     * its process ended in the middle of a copy (shm), taken off so that
+     * deregistering those regions need not wait for them */
+    SLIME_COUNTER_DEAD_PEER_PINS = 10,
 } slime_counter_t;
 /* The counter's value; 0 for an unknown counter. */
 SLIME_API uint64_t slime_ctx_counter(const slime_ctx_t *ctx, slime_counter_t which);
