@@ -82,7 +82,7 @@ struct slime_comm {
     enum { PAIRBOX_UNKNOWN, PAIRBOX_ON, PAIRBOX_OFF } box_state;
     p2p_box_t box;
     uint64_t box_seq;               /* the last message's number */
-    uint64_t box_written[2];        /* our last message in each buffer of our side */
+    uint64_t box_written[2];        /* our last message in each large buffer of our side */
     uint64_t box_peer_done;         /* the peer read our messages up to this one */
 
     /* the worker's alone */
@@ -328,9 +328,9 @@ size_t pairbox_cap(const slime_comm_t *comm);
 /* Writes message seq (len <= cap bytes, of a collective of total bytes)
  * into our side, once the peer is done with the buffer's last one. */
 bool pairbox_put(coll_run_t *r, uint64_t seq, const void *data, size_t len, uint64_t total);
-/* The peer's message seq, once it is there, of a collective of total
- * bytes at both ranks; NULL if the run failed. */
-const uint8_t *pairbox_get(coll_run_t *r, uint64_t seq, uint64_t total);
+/* The peer's message seq (len bytes), once it is there, of a collective
+ * of total bytes at both ranks; NULL if the run failed. */
+const uint8_t *pairbox_get(coll_run_t *r, uint64_t seq, size_t len, uint64_t total);
 /* We are done reading the peer's message seq: its buffer is the peer's again. */
 void pairbox_release(slime_comm_t *comm, uint64_t seq);
 

@@ -10,8 +10,11 @@
  * data into its own side of the box and reads the peer's, with no
  * request, frame or lock.
  *
- * A side (len bytes) holds two messages and two lines:
- *   msg[b]   stamp, total, data (cap bytes)   b = seq & 1
+ * A side (len bytes) holds a ring of message heads, two large buffers
+ * and two lines:
+ *   head[seq % HEADS]  stamp, total, and a small message's data (up to
+ *                      SMALL bytes: an 8-byte message is one line)
+ *   large[seq & 1]     a larger message's data (up to cap bytes)
  *   done     the stamp of the last message read from the peer's side
  *   sleep    non-zero while its owner sleeps on a futex in the box
  * Messages are numbered per communicator (seq: the same on both ranks,
@@ -19,13 +22,19 @@
  * the messages its part of a collective sends (a broadcast's root alone,
  * both ranks in an exchange).  A stamp packs the communicator's id and
  * epoch with seq, so what an earlier user of the slot left behind never
- * passes for a message.  Before a rank writes a buffer again it waits
- * until the reader is done with its last message there, and often knows
- * without looking: every collective keeps the rule that a rank writes
- * message seq only after it released every earlier message it reads, so
- * a message of the peer's numbered seq says it read ours up to seq - 1.
- * The first 48 bytes of data share the stamp's cache line: an 8-byte
- * message is one line.
+ * passes for a message.  Before a rank writes a head or a large buffer
+ * again it waits until the reader is done with its last message there
+ * (a head: with seq - HEADS), and often knows without looking: every
+ * collective keeps the rule that a rank writes message seq only after
+ * it released every earlier message it reads, so a message of the
+ * peer's numbered seq says it read ours up to seq - 1.
+ *
+ * The ring is for a broadcast's root, which only writes: small ones run
+ * up to HEADS messages ahead of the reader, as eager sends would, and
+ * the reader finds them in consecutive lines, which the hardware fetches
+ * ahead.  With two buffers each message waited for the reader's last
+ * one but one: 8-byte broadcasts took 0.19 us at the root (p50), Open
+ * MPI's 0.06.
  *
  * total is the whole collective's size at the writer, which the reader
  * compares with its own: ranks that disagree on the size fail at once,
@@ -57,22 +66,30 @@ typedef struct box_offer {
     uint32_t pad;
 } box_offer_t;
 
-static size_t msg_stride(size_t len) { return ((len - 2 * LINE) / 2) & ~(size_t)(LINE - 1); }
+#define HEADS 32u                   /* the ring of message heads */
+#define HEAD_BYTES (2 * LINE)
+#define SMALL (HEAD_BYTES - MSG_DATA)  /* data a head carries */
+#define RING_BYTES ((size_t)HEADS * HEAD_BYTES)
 
-size_t pairbox_cap(const slime_comm_t *c) { return (msg_stride(c->box.len) - MSG_DATA) & ~(size_t)(LINE - 1); }
+static size_t large_stride(size_t len) { return ((len - RING_BYTES - 2 * LINE) / 2) & ~(size_t)(LINE - 1); }
+
+size_t pairbox_cap(const slime_comm_t *c) { return large_stride(c->box.len); }
 
 static uint64_t stamp_of(const slime_comm_t *c, uint64_t seq) {
     return (uint64_t)c->id << 48 | (uint64_t)c->epoch << SEQ_BITS | (seq & SEQ_MASK);
 }
 
-static _Atomic uint64_t *msg_stamp(uint8_t *side, size_t len, uint64_t seq) {
-    return (_Atomic uint64_t *)(side + (seq & 1) * msg_stride(len));
+static _Atomic uint64_t *msg_stamp(uint8_t *side, uint64_t seq) {
+    return (_Atomic uint64_t *)(side + (seq % HEADS) * HEAD_BYTES);
+}
+static uint8_t *msg_large(uint8_t *side, size_t len, uint64_t seq) {
+    return side + RING_BYTES + (seq & 1) * large_stride(len);
 }
 static _Atomic uint64_t *done_word(uint8_t *side, size_t len) {
-    return (_Atomic uint64_t *)(side + 2 * msg_stride(len));
+    return (_Atomic uint64_t *)(side + RING_BYTES + 2 * large_stride(len));
 }
 static _Atomic uint32_t *sleep_word(uint8_t *side, size_t len) {
-    return (_Atomic uint32_t *)(side + 2 * msg_stride(len) + LINE);
+    return (_Atomic uint32_t *)(side + RING_BYTES + 2 * large_stride(len) + LINE);
 }
 static uint8_t *theirs(const slime_comm_t *c) { return (uint8_t *)c->box.theirs; }
 
@@ -148,25 +165,55 @@ static bool box_wait(coll_run_t *r, _Atomic uint64_t *word, uint64_t want, bool 
     return ok;
 }
 
-bool pairbox_put(coll_run_t *r, uint64_t seq, const void *data, size_t len, uint64_t total) {
+/* Asks for a line of our next message head in the exclusive state:
+ * the reader's copy (it read the head HEADS messages ago) must go
+ * before we may write it, a round trip between cores that a locked
+ * instruction after the write (any lock or counter) would otherwise
+ * wait out on the collective's path. */
+static inline void prefetch_for_write(const void *p) {
+#if defined(__x86_64__)
+    __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 1, 3);
+#endif
+}
+
+/* Until the peer has read our message seq (none to wait for at 0). */
+static bool peer_done_with(coll_run_t *r, uint64_t seq) {
     slime_comm_t *c = r->comm;
-    uint64_t last = c->box_written[seq & 1]; /* our last message in this buffer */
-    if (last > c->box_peer_done) {
-        if (!box_wait(r, done_word(theirs(c), c->box.len), stamp_of(c, last), true, "send to")) return false;
-        c->box_peer_done = last;
-    }
-    _Atomic uint64_t *stamp = msg_stamp(c->box.mine, c->box.len, seq);
-    if (len) memcpy((uint8_t *)stamp + MSG_DATA, data, len);
-    ((uint64_t *)stamp)[1] = total;
-    atomic_store_explicit(stamp, stamp_of(c, seq), memory_order_release);
-    c->box_written[seq & 1] = seq;
-    wake_peer(c, stamp);
+    if (seq <= c->box_peer_done) return true;
+    _Atomic uint64_t *done = done_word(theirs(c), c->box.len);
+    if (!box_wait(r, done, stamp_of(c, seq), true, "send to")) return false;
+    /* all the peer read, which may be well past seq: the next messages
+     * need not look (the word changes with every message it reads) */
+    uint64_t ahead = (atomic_load_explicit(done, memory_order_acquire) - seq) & SEQ_MASK;
+    c->box_peer_done = seq + (ahead < (1ull << (SEQ_BITS - 1)) ? ahead : 0);
     return true;
 }
 
-const uint8_t *pairbox_get(coll_run_t *r, uint64_t seq, uint64_t total) {
+bool pairbox_put(coll_run_t *r, uint64_t seq, const void *data, size_t len, uint64_t total) {
     slime_comm_t *c = r->comm;
-    _Atomic uint64_t *stamp = msg_stamp(theirs(c), c->box.len, seq);
+    if (seq > HEADS && !peer_done_with(r, seq - HEADS)) return false;
+    _Atomic uint64_t *stamp = msg_stamp(c->box.mine, seq);
+    if (len > SMALL) {
+        if (!peer_done_with(r, c->box_written[seq & 1])) return false;
+        memcpy(msg_large(c->box.mine, c->box.len, seq), data, len);
+        c->box_written[seq & 1] = seq;
+    } else if (len) {
+        memcpy((uint8_t *)stamp + MSG_DATA, data, len);
+    }
+    ((uint64_t *)stamp)[1] = total;
+    atomic_store_explicit(stamp, stamp_of(c, seq), memory_order_release);
+    wake_peer(c, stamp);
+    const uint8_t *next = (const uint8_t *)msg_stamp(c->box.mine, seq + 1);
+    prefetch_for_write(next);
+    prefetch_for_write(next + LINE);
+    return true;
+}
+
+const uint8_t *pairbox_get(coll_run_t *r, uint64_t seq, size_t len, uint64_t total) {
+    slime_comm_t *c = r->comm;
+    _Atomic uint64_t *stamp = msg_stamp(theirs(c), seq);
     if (!box_wait(r, stamp, stamp_of(c, seq), false, "recv from")) return NULL;
     uint64_t got = read_once_u64(&((const uint64_t *)stamp)[1]);
     if (got != total) {
@@ -176,7 +223,7 @@ const uint8_t *pairbox_get(coll_run_t *r, uint64_t seq, uint64_t total) {
     }
     /* the peer wrote seq only after it released our messages before it */
     if (c->box_peer_done < seq - 1) c->box_peer_done = seq - 1;
-    return (const uint8_t *)stamp + MSG_DATA;
+    return len > SMALL ? msg_large(theirs(c), c->box.len, seq) : (const uint8_t *)stamp + MSG_DATA;
 }
 
 void pairbox_release(slime_comm_t *c, uint64_t seq) {
@@ -204,7 +251,7 @@ static bool agree(coll_run_t *r) {
     /* a box with no room for a message's data is no box; both ends map
      * the same one (the wire version fixes its size) */
     if (slot >= 0 && p2p_box_open(ep, slot, &c->box)) {
-        if (c->box.len > 2 * LINE && msg_stride(c->box.len) >= MSG_DATA + LINE) {
+        if (c->box.len > RING_BYTES + 2 * LINE && large_stride(c->box.len) >= LINE) {
             memset(c->box.mine, 0, c->box.len);
             c->box_state = PAIRBOX_ON;
         } else {

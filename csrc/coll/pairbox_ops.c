@@ -4,8 +4,9 @@
  * numbers them from the communicator's box_seq, the same on both ranks.
  * An exchange (allreduce, allgather, reduce_scatter, barrier) writes its
  * part of message seq, reads the peer's and releases it before the next
- * one; a broadcast's root only writes, and runs at most the two buffers
- * of its side ahead of the reader.  Either way a rank writes message seq
+ * one; a broadcast's root only writes, and runs ahead of the reader by
+ * at most the ring of heads (small messages) or the two large buffers of
+ * its side.  Either way a rank writes message seq
  * only after it released every earlier message it reads, the rule
  * pairbox_get counts on. */
 #include <stdint.h>
@@ -25,7 +26,7 @@ bool pairbox_allreduce(coll_run_t *r, const coll_op_t *op) {
         uint8_t *at = buf + done * es;
         uint64_t seq = ++c->box_seq;
         if (!pairbox_put(r, seq, at, bytes, op->count * es)) return false;
-        const uint8_t *in = pairbox_get(r, seq, op->count * es);
+        const uint8_t *in = pairbox_get(r, seq, bytes, op->count * es);
         if (!in) return false;
         /* both ranks combine rank 0's data first: the same bits at both */
         if (c->rank == 0) red_accumulate(op->dtype, op->redop, at, in, n);
@@ -52,7 +53,7 @@ bool pairbox_broadcast(coll_run_t *r, const coll_op_t *op) {
             if (!pairbox_put(r, seq, buf + done, len, op->bytes)) return false;
             continue;
         }
-        const uint8_t *in = pairbox_get(r, seq, op->bytes);
+        const uint8_t *in = pairbox_get(r, seq, len, op->bytes);
         if (!in) return false;
         memcpy(buf + done, in, len);
         pairbox_release(c, seq);
@@ -74,7 +75,7 @@ bool pairbox_allgather(coll_run_t *r, const coll_op_t *op) {
         size_t len = min_sz(op->bytes - done, cap);
         uint64_t seq = ++c->box_seq;
         if (!pairbox_put(r, seq, mine + done, len, op->bytes)) return false;
-        const uint8_t *in = pairbox_get(r, seq, op->bytes);
+        const uint8_t *in = pairbox_get(r, seq, len, op->bytes);
         if (!in) return false;
         memcpy(other + done, in, len);
         pairbox_release(c, seq);
@@ -103,7 +104,7 @@ bool pairbox_reduce_scatter(coll_run_t *r, const coll_op_t *op) {
         size_t n = min_sz(op->count - done, piece), at = done * es;
         uint64_t seq = ++c->box_seq;
         if (!pairbox_put(r, seq, theirs + at, n * es, total)) return false;
-        const uint8_t *in = pairbox_get(r, seq, total);
+        const uint8_t *in = pairbox_get(r, seq, n * es, total);
         if (!in) return false;
         if (c->rank == 0) red_combine(op->dtype, op->redop, out + at, own + at, in, n);
         else red_combine(op->dtype, op->redop, out + at, in, own + at, n);
@@ -120,7 +121,7 @@ bool pairbox_barrier(coll_run_t *r) {
     slime_comm_t *c = r->comm;
     uint64_t seq = ++c->box_seq;
     r->phase = "shared box";
-    if (!pairbox_put(r, seq, NULL, 0, 0) || !pairbox_get(r, seq, 0)) return false;
+    if (!pairbox_put(r, seq, NULL, 0, 0) || !pairbox_get(r, seq, 0, 0)) return false;
     pairbox_release(c, seq);
     p2p_count_box_op(c->ctx);
     return true;

@@ -299,6 +299,27 @@ static void broadcast_runs_ahead(h_rank_t *r)
     slime_comm_destroy(comm);
 }
 
+/* Hundreds of small broadcasts, a few larger ones among them, the
+ * reader now and then late: the root runs ahead through the ring of
+ * message heads, laps it many times, and never writes over a head the
+ * reader has not read. */
+static void small_broadcasts_lap_the_ring(h_rank_t *r)
+{
+    static const size_t small[] = {8, 64, 112, 4, 48};
+    slime_comm_t *comm = t_comm(r, T_COMM_ID, H_WAIT_MS);
+    uint64_t before = box_ops(r);
+    for (int i = 0; i < 400; i++) {
+        if (r->rank == 1 && i % 97 == 0)
+            h_sleep_ms(5);
+        /* a large one waits for the reader: few, so that the ring laps */
+        size_t len = i % 100 == 99 ? 1000 : i % 100 == 98 ? 113 : small[i % 5];
+        broadcast_checked(comm, r, len, 0, 100 + i);
+    }
+    T_RUN(slime_barrier(comm, &q_));
+    H_CHECK_EQ(box_ops(r) - before, over_shm() ? 400 + 1 : 0);
+    slime_comm_destroy(comm);
+}
+
 int main(int argc, char **argv)
 {
     static const h_case_t cases[] = {
@@ -310,6 +331,7 @@ int main(int argc, char **argv)
         {"napping_rank_is_woken", napping_rank_is_woken, 2, false, 0},
         {"other_collectives_take_the_box", other_collectives_take_the_box, 2, false, 0},
         {"broadcast_runs_ahead", broadcast_runs_ahead, 2, false, 0},
+        {"small_broadcasts_lap_the_ring", small_broadcasts_lap_the_ring, 2, false, 0},
     };
     return h_main("test_pair_box", cases, sizeof cases / sizeof cases[0], argc, argv);
 }
