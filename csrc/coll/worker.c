@@ -86,8 +86,7 @@ static void run_one(slime_comm_t *comm, coll_op_t *op, slime_status_t broken) {
     if (!ok && run.status == SLIME_OK) /* an algorithm must record why */
         run_fail(&run, SLIME_ERR_PROTOCOL, "failed without a cause");
     run_release(&run);
-    if (!ok) {
-        comm_break(comm, run.status, run.detail);
+    if (!ok) { /* run_fail broke the communicator already */
         p2p_req_worker_complete(op->req, run.status, "%s", run.detail);
         return;
     }
