@@ -237,13 +237,14 @@ int run_send_bounded(coll_run_t *r, int peer, uint32_t step, const void *buf, si
  * receiver took the bytes, so that each message is copied once, into its
  * receive, rather than queued and copied twice. */
 int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
-/* run_send of a chunk its receiver copies as it is (into its place or
- * a scratch slot), which, of CHUNK_FETCH_MIN-MAX bytes (exchange.c), with
- * no more ranks than cores, to a peer that can copy it straight from our
- * memory (shm), goes by rendezvous: the receiver fetches it, one copy
- * where the stream makes two.  The send completes once it has.  Else
- * (posted) it goes as run_send_to_posted does. */
-int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len, bool posted);
+/* run_send of a chunk its receiver copies as it is (into its place, or
+ * kept false: into a scratch slot to combine), which, of the sizes
+ * fetch_min_bytes() (exchange.c) to CHUNK_FETCH_MAX, with no more ranks
+ * than cores, to a peer that can copy it straight from our memory (shm),
+ * goes by rendezvous: the receiver fetches it, one copy where the stream
+ * makes two.  The send completes once it has.  Else (posted) it goes as
+ * run_send_to_posted does. */
+int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len, bool posted, bool kept);
 int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len);
 /* run_recv into a piece of a large buffer that nobody reads before the
  * collective ends (recv_opts_t.cold): shm stores it past the cache. */

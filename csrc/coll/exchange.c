@@ -216,9 +216,19 @@ int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_
  * 401 / 396). */
 #define CHUNK_FETCH_MIN (128u << 10)
 #define CHUNK_FETCH_MAX (512u << 10)
+/* A chunk kept as it comes (an allgather's) is fetched from 16 KiB: the
+ * torch runs that found small fetched chunks slow were of the rings that
+ * combine.  p2p_bench allgather, 2 ranks, streamed / fetched (medians of
+ * 4 alternating, avg us): 32 KiB 3.92 / 2.96, 64 KiB 5.31 / 3.57, 128
+ * KiB 9.74 / 5.13, where Open MPI took 3.0, 3.8 and 8.0; 16 KiB and
+ * below level.  Through torch (medians of 10 alternating, us per call):
+ * all_gather 64 KiB 21.7 / 21.8, 128 KiB 29.2 / 25.9; reduce_scatter
+ * 64 KiB 22.1 / 26.2, so its chunks keep CHUNK_FETCH_MIN. */
+#define KEPT_CHUNK_FETCH_MIN (16u << 10)
 
-int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len, bool posted) {
-    bool fetch = len >= CHUNK_FETCH_MIN && len <= CHUNK_FETCH_MAX && receiver_copies_from_us(r, peer);
+int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len, bool posted, bool kept) {
+    size_t min = kept ? KEPT_CHUNK_FETCH_MIN : CHUNK_FETCH_MIN;
+    bool fetch = len >= min && len <= CHUNK_FETCH_MAX && receiver_copies_from_us(r, peer);
     enum xfer_kind kind = fetch ? XFER_SEND_FETCHED : posted ? XFER_SEND_POSTED : XFER_SEND;
     return post(r, kind, peer, step, (void *)buf, len);
 }

@@ -161,7 +161,7 @@ static int chunk_send(ring_state_t *g, int s, size_t c, const void *data, size_t
      * whose rendezvous the receiver may fetch, keep them */
     bool posted = g->total_units <= RING_WINDOW && !p2p_ep_can(g->r->comm->peers[g->right], P2P_CAP_CPU_RMA);
     uint32_t step = unit_step(g, s, c);
-    if (copied) return run_send_fetched(g->r, g->right, step, data, len, posted);
+    if (copied) return run_send_fetched(g->r, g->right, step, data, len, posted, g->p->reduce_steps == 0);
     return posted ? run_send_to_posted(g->r, g->right, step, data, len) : run_send(g->r, g->right, step, data, len);
 }
 

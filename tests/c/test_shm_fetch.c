@@ -160,38 +160,53 @@ static void case_broadcast(h_rank_t *r) {
 }
 
 /* A ring whose receivers only copy its chunks has them fetched, one
- * copy where the rings make two, from 128 KiB (run_send_fetched): a
- * 2-rank allgather of 128 KiB per rank (below the size where its links
- * read) and a reduce_scatter of two 128 KiB blocks each fetch the one
- * chunk a rank receives; an all_reduce, whose reduce step combines out of
- * the rings, and an allgather of 64 KiB per rank fetch nothing.  Every
- * element checked. */
+ * copy where the rings make two (run_send_fetched): an allgather's from
+ * 16 KiB, a reduce_scatter's (copied into a slot to combine) from 128
+ * KiB.  So a 2-rank allgather of 128 or 64 KiB per rank (below the size
+ * where its links read) and a reduce_scatter of two 128 KiB blocks each
+ * fetch the one chunk a rank receives; an allgather of 8 KiB per rank, a
+ * reduce_scatter of two 64 KiB blocks and an all_reduce, whose reduce
+ * step combines out of the rings, fetch nothing.  Every element checked. */
+/* An allgather of per floats a rank, every element checked. */
+static void allgather_checked(h_rank_t *r, slime_comm_t *comm, float *mine, float *all, size_t per) {
+    for (size_t i = 0; i < per; i++) mine[i] = (float)(i % 509) + 1000.0f * (float)r->rank;
+    slime_req_t *req = NULL;
+    H_CHECK_OK(slime_allgather(comm, mine, per * sizeof *mine, all, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    for (size_t i = 0; i < 2 * per; i++) /* block q holds rank q's floats */
+        if (all[i] != (float)((i % per) % 509) + 1000.0f * (float)(i / per)) H_CHECK_EQ(i, 2 * per);
+}
+
+/* A reduce_scatter of 2 blocks of per floats into mine, checked. */
+static void reduce_scatter_checked(h_rank_t *r, slime_comm_t *comm, float *mine, float *all, size_t per) {
+    for (size_t i = 0; i < 2 * per; i++) all[i] = (float)(i % 251) + (float)r->rank;
+    slime_req_t *req = NULL;
+    H_CHECK_OK(slime_reduce_scatter(comm, all, mine, per, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
+    H_WAIT_FREE(req, SLIME_OK);
+    for (size_t i = 0; i < per; i++)
+        if (mine[i] != 2.0f * (float)((i + r->rank * per) % 251) + 1.0f) H_CHECK_EQ(i, per);
+}
+
 static void case_copying_rings(h_rank_t *r) {
     if (!cores_for_both(r)) return;
     slime_ctx_t *ctx = NULL;
     slime_comm_t *comm = pair_comm(r, NULL, 9, &ctx);
     const size_t n = 32 * H_KIB; /* floats per rank: 128 KiB */
     float *mine = h_alloc(n * sizeof *mine), *all = h_alloc(2 * n * sizeof *all);
-    for (size_t i = 0; i < n; i++) mine[i] = (float)(i % 509) + 1000.0f * (float)r->rank;
-    slime_req_t *req = NULL;
-    H_CHECK_OK(slime_allgather(comm, mine, n * sizeof *mine, all, &req));
-    H_WAIT_FREE(req, SLIME_OK);
-    for (size_t i = 0; i < 2 * n; i++) /* block q holds rank q's floats */
-        if (all[i] != (float)((i % n) % 509) + 1000.0f * (float)(i / n)) H_CHECK_EQ(i, 2 * n);
+    allgather_checked(r, comm, mine, all, n);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 1);
-    H_CHECK_OK(slime_allgather(comm, mine, n * sizeof *mine / 2, all, &req));
-    H_WAIT_FREE(req, SLIME_OK);
-    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 1);
-    /* reduce_scatter: 2 blocks of n floats in, block r summed out */
-    for (size_t i = 0; i < 2 * n; i++) all[i] = (float)(i % 251) + (float)r->rank;
-    H_CHECK_OK(slime_reduce_scatter(comm, all, mine, n, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
-    H_WAIT_FREE(req, SLIME_OK);
-    for (size_t i = 0; i < n; i++)
-        if (mine[i] != 2.0f * (float)((i + r->rank * n) % 251) + 1.0f) H_CHECK_EQ(i, n);
+    allgather_checked(r, comm, mine, all, n / 2);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 2);
+    allgather_checked(r, comm, mine, all, n / 16);
+    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 2);
+    reduce_scatter_checked(r, comm, mine, all, n);
+    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 3);
+    reduce_scatter_checked(r, comm, mine, all, n / 2);
+    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 3);
+    slime_req_t *req = NULL;
     H_CHECK_OK(slime_allreduce(comm, all, 2 * n, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
     H_WAIT_FREE(req, SLIME_OK);
-    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 2);
+    H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 3);
     free(mine);
     free(all);
     pair_comm_end(r, ctx, comm);
