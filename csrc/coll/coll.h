@@ -85,6 +85,10 @@ struct slime_comm {
     uint64_t box_written[2];        /* our last message in each large buffer of our side */
     uint64_t box_peer_done;         /* the peer read our messages up to this one */
 
+    /* whether every link of the ring may read (ring.c): agreed on by
+     * all ranks at the first ring that could read its links */
+    enum { READ_LINKS_UNKNOWN, READ_LINKS_ALL, READ_LINKS_NOT_ALL } read_links;
+
     /* the worker's alone */
     void *scratch;
     size_t scratch_cap;
@@ -237,6 +241,9 @@ int run_send_bounded(coll_run_t *r, int peer, uint32_t step, const void *buf, si
  * receiver took the bytes, so that each message is copied once, into its
  * receive, rather than queued and copied twice. */
 int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len);
+/* Whether mine holds on every rank (an AND over the communicator, by
+ * recursive doubling of a byte, allreduce.c); false if the run failed. */
+bool run_agree_all(coll_run_t *r, bool mine, bool *all);
 /* run_send of a chunk its receiver copies as it is (into its place, or
  * kept false: into a scratch slot to combine), which, of the sizes
  * fetch_min_bytes() (exchange.c) to CHUNK_FETCH_MAX, with no more ranks

@@ -245,6 +245,39 @@ static void posted_chunks_eager(h_rank_t *r)
     slime_comm_destroy(comm);
 }
 
+/* Every rank must cut a ring's chunks alike, though each sees only its
+ * own links (read_links_agreed, coll/ring.c).  With rank 0 on tcp alone
+ * and the others free to pick, ranks 1-3 reach each other by shm: rank
+ * 2's two links could read, its neighbours' could not.  A 4 MiB
+ * allreduce, past the size where reading rings cut chunks of their own,
+ * must come out right on every rank; so must one on the communicator of
+ * ranks 1-3 alone, whose links all read where shm can. */
+static void mixed_links(h_rank_t *r)
+{
+    slime_ctx_opts_t opts;
+    slime_ctx_opts_init(&opts);
+    opts.transport = r->rank == 0 ? "tcp" : "auto";
+    slime_ctx_t *ctx = h_ctx_create(&opts);
+    slime_ep_t *ep[H_MAX_RANKS] = {NULL};
+    h_connect_all(r, ctx, ep);
+    for (int k = 0; k < r->nranks; k++)
+        if (k != r->rank && (k == 0 || r->rank == 0))
+            H_CHECK_EQ(strcmp(slime_ep_transport(ep[k]), "tcp"), 0);
+    slime_comm_t *all = NULL, *shm_three = NULL;
+    H_CHECK_OK(slime_comm_create(ctx, T_COMM_ID, 1, r->rank, r->nranks, ep, H_WAIT_MS, &all));
+    t_allreduce_checked(all, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, H_MIB);
+    t_allreduce_checked(all, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, H_MIB);
+    slime_comm_destroy(all);
+    if (r->rank > 0) {
+        H_CHECK_OK(slime_comm_create(ctx, T_COMM_ID + 1, 1, r->rank - 1, r->nranks - 1, ep + 1, H_WAIT_MS,
+                                     &shm_three));
+        t_allreduce_checked(shm_three, r->nranks - 1, r->rank - 1, SLIME_DT_FLOAT32, SLIME_RED_SUM, H_MIB);
+        slime_comm_destroy(shm_three);
+    }
+    h_barrier(r);
+    slime_ctx_destroy(ctx);
+}
+
 /* Many collectives posted before any is waited for: they run in order
  * and none takes another's messages. */
 static void back_to_back(h_rank_t *r)
@@ -337,6 +370,7 @@ int main(int argc, char **argv)
         {"signed_zeros_agree_2", signed_zeros_agree, 2, false, 0},
         {"signed_zeros_agree_4", signed_zeros_agree, 4, false, 0},
         {"posted_chunks_eager", posted_chunks_eager, 2, false, 0},
+        {"mixed_links", mixed_links, 4, true, 0},
         {"back_to_back_2", back_to_back, 2, false, 0},
         {"back_to_back_3", back_to_back, 3, false, 0},
         {"two_comms", two_comms, 4, false, 0},
