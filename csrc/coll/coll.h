@@ -245,12 +245,13 @@ int run_send_sync(coll_run_t *r, int peer, uint32_t step, const void *buf, size_
  * recursive doubling of a byte, allreduce.c); false if the run failed. */
 bool run_agree_all(coll_run_t *r, bool mine, bool *all);
 /* run_send of a chunk its receiver copies as it is (into its place, or
- * kept false: into a scratch slot to combine), which, of the sizes
- * fetch_min_bytes() (exchange.c) to CHUNK_FETCH_MAX, with no more ranks
- * than cores, to a peer that can copy it straight from our memory (shm),
- * goes by rendezvous: the receiver fetches it, one copy where the stream
- * makes two.  The send completes once it has.  Else (posted) it goes as
- * run_send_to_posted does. */
+ * kept false: into a scratch slot to combine), which, from
+ * KEPT_CHUNK_FETCH_MIN (kept) or CHUNK_FETCH_MIN up to CHUNK_FETCH_MAX
+ * bytes (exchange.c), with no more ranks than cores, to a peer that can
+ * copy it straight from our memory (shm), goes by rendezvous: the
+ * receiver fetches it, one copy where the stream makes two.  The send
+ * completes once it has.  Else (posted) it goes as run_send_to_posted
+ * does. */
 int run_send_fetched(coll_run_t *r, int peer, uint32_t step, const void *buf, size_t len, bool posted, bool kept);
 int run_recv(coll_run_t *r, int peer, uint32_t step, void *buf, size_t len);
 /* run_recv into a piece of a large buffer that nobody reads before the
