@@ -387,4 +387,44 @@ static inline void t_allreduce_checked(slime_comm_t *comm, int n, int rank, slim
     free(buf);
 }
 
+/* The byte pattern of rank's part in the checked call what. */
+static inline uint64_t t_seed(int rank, int what)
+{
+    return 5000 + (uint64_t)rank * 64 + (uint64_t)what;
+}
+
+/* An allgather of len bytes per rank, out of place or in place, every
+ * byte checked and the byte past the output untouched. */
+static inline void t_allgather_checked(slime_comm_t *comm, int n, int rank, size_t len, bool in_place, int what)
+{
+    uint8_t *src = h_alloc(len), *dst = h_alloc((size_t)n * len + 1);
+    memset(dst, 0xee, (size_t)n * len + 1);
+    uint8_t *from = in_place ? dst + (size_t)rank * len : src;
+    h_fill(from, len, t_seed(rank, what), len);
+    T_RUN(slime_allgather(comm, from, len, dst, &q_));
+    for (int k = 0; k < n; k++)
+        H_CHECK_PATTERN(dst + (size_t)k * len, len, t_seed(k, what), len);
+    H_CHECK_BYTES(dst + (size_t)n * len, 1, 0xee);
+    free(src);
+    free(dst);
+}
+
+/* A reduce_scatter of count elements per rank, checked against the
+ * reference; in place, dst is this rank's own block of src. */
+static inline void t_reduce_scatter_checked(slime_comm_t *comm, int n, int rank, slime_dtype_t dt, slime_redop_t op,
+                                            size_t count, bool in_place)
+{
+    size_t es = slime_dtype_size(dt);
+    uint8_t *src = h_alloc((size_t)n * count * es + 1), *dst = h_alloc(count * es + 1);
+    t_fill_input(dt, op, rank, src, (size_t)n * count);
+    memset(dst, 0xee, count * es + 1);
+    uint8_t *out = in_place ? src + (size_t)rank * count * es : dst;
+    T_RUN(slime_reduce_scatter(comm, src, out, count, dt, op, &q_));
+    t_check_reduced("reduce_scatter", dt, op, n, out, (size_t)rank * count, count);
+    if (!in_place)
+        H_CHECK_BYTES(dst + count * es, 1, 0xee);
+    free(src);
+    free(dst);
+}
+
 #endif /* DLSLIME_TEST_COLL_UTIL_H */

@@ -190,55 +190,17 @@ static void napping_rank_is_woken(h_rank_t *r)
 
 /* ---- the other collectives ------------------------------------------ */
 
-static uint64_t seed_of(int rank, int what)
-{
-    return 5000 + (uint64_t)rank * 64 + (uint64_t)what;
-}
-
 /* A broadcast of len bytes from root, checked; 0xee marks unwritten. */
 static void broadcast_checked(slime_comm_t *comm, h_rank_t *r, size_t len, int root, int what)
 {
     uint8_t *buf = h_alloc(len + 1);
     memset(buf, 0xee, len + 1);
     if (r->rank == root)
-        h_fill(buf, len, seed_of(root, what), len);
+        h_fill(buf, len, t_seed(root, what), len);
     T_RUN(slime_broadcast(comm, buf, len, root, &q_));
-    H_CHECK_PATTERN(buf, len, seed_of(root, what), len);
+    H_CHECK_PATTERN(buf, len, t_seed(root, what), len);
     H_CHECK_BYTES(buf + len, 1, 0xee);
     free(buf);
-}
-
-/* An allgather of len bytes per rank, out of place or in place. */
-static void allgather_checked(slime_comm_t *comm, h_rank_t *r, size_t len, bool in_place, int what)
-{
-    uint8_t *src = h_alloc(len), *dst = h_alloc(2 * len + 1);
-    memset(dst, 0xee, 2 * len + 1);
-    uint8_t *from = in_place ? dst + (size_t)r->rank * len : src;
-    h_fill(from, len, seed_of(r->rank, what), len);
-    T_RUN(slime_allgather(comm, from, len, dst, &q_));
-    for (int k = 0; k < 2; k++)
-        H_CHECK_PATTERN(dst + (size_t)k * len, len, seed_of(k, what), len);
-    H_CHECK_BYTES(dst + 2 * len, 1, 0xee);
-    free(src);
-    free(dst);
-}
-
-/* A reduce_scatter of count elements per rank; in place, dst is this
- * rank's own block of src. */
-static void reduce_scatter_checked(slime_comm_t *comm, h_rank_t *r, slime_dtype_t dt, slime_redop_t op,
-                                   size_t count, bool in_place)
-{
-    size_t es = slime_dtype_size(dt);
-    uint8_t *src = h_alloc(2 * count * es + 1), *dst = h_alloc(count * es + 1);
-    t_fill_input(dt, op, r->rank, src, 2 * count);
-    memset(dst, 0xee, count * es + 1);
-    uint8_t *out = in_place ? src + (size_t)r->rank * count * es : dst;
-    T_RUN(slime_reduce_scatter(comm, src, out, count, dt, op, &q_));
-    t_check_reduced("reduce_scatter", dt, op, 2, out, (size_t)r->rank * count, count);
-    if (!in_place)
-        H_CHECK_BYTES(dst + count * es, 1, 0xee);
-    free(src);
-    free(dst);
 }
 
 /* broadcast (both roots), allgather, reduce_scatter and barrier up to the
@@ -254,7 +216,7 @@ static void other_collectives_take_the_box(h_rank_t *r)
         for (int root = 0; root < 2; root++, ran++)
             broadcast_checked(comm, r, len, root, 1);
         for (int in_place = 0; in_place < 2; in_place++, ran++)
-            allgather_checked(comm, r, len, in_place, 2 + in_place);
+            t_allgather_checked(comm, r->nranks, r->rank, len, in_place, 2 + in_place);
         for (size_t d = 0; d < T_NDTYPES; d++) {
             slime_dtype_t dt = t_dtypes[d];
             size_t count = len / slime_dtype_size(dt);
@@ -263,7 +225,7 @@ static void other_collectives_take_the_box(h_rank_t *r)
                     ran--;
                     continue;
                 }
-                reduce_scatter_checked(comm, r, dt, t_ops[o], count, o % 2 == 1);
+                t_reduce_scatter_checked(comm, r->nranks, r->rank, dt, t_ops[o], count, o % 2 == 1);
             }
         }
         T_RUN(slime_barrier(comm, &q_));
@@ -272,8 +234,8 @@ static void other_collectives_take_the_box(h_rank_t *r)
     H_CHECK_EQ(box_ops(r) - before, over_shm() ? ran : 0);
     before = box_ops(r);
     broadcast_checked(comm, r, 4097, 1, 4);
-    allgather_checked(comm, r, 4097, false, 5);
-    reduce_scatter_checked(comm, r, SLIME_DT_FLOAT32, SLIME_RED_SUM, 4096 / 4 + 1, false);
+    t_allgather_checked(comm, r->nranks, r->rank, 4097, false, 5);
+    t_reduce_scatter_checked(comm, r->nranks, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 4096 / 4 + 1, false);
     H_CHECK_EQ(box_ops(r) - before, 0);
     slime_comm_destroy(comm);
 }
@@ -292,7 +254,7 @@ static void broadcast_runs_ahead(h_rank_t *r)
             h_sleep_ms(2);
         broadcast_checked(comm, r, 20000 + (size_t)i, root, 6 + i % 4);
         if (i % 4 == 3)
-            allgather_checked(comm, r, 9000 + (size_t)i, false, 10);
+            t_allgather_checked(comm, r->nranks, r->rank, 9000 + (size_t)i, false, 10);
     }
     T_RUN(slime_barrier(comm, &q_));
     H_CHECK_EQ(box_ops(r) - before, over_shm() ? 30 + 7 + 1 : 0);

@@ -8,6 +8,7 @@
  * this rank fetched (SLIME_COUNTER_SHM_FETCHES).
  */
 #include "harness.h"
+#include "test_coll_util.h"
 
 #include <sched.h>
 #include <stdlib.h>
@@ -167,48 +168,23 @@ static void case_broadcast(h_rank_t *r) {
  * fetch the one chunk a rank receives; an allgather of 8 KiB per rank, a
  * reduce_scatter of two 64 KiB blocks and an all_reduce, whose reduce
  * step combines out of the rings, fetch nothing.  Every element checked. */
-/* An allgather of per floats a rank, every element checked. */
-static void allgather_checked(h_rank_t *r, slime_comm_t *comm, float *mine, float *all, size_t per) {
-    for (size_t i = 0; i < per; i++) mine[i] = (float)(i % 509) + 1000.0f * (float)r->rank;
-    slime_req_t *req = NULL;
-    H_CHECK_OK(slime_allgather(comm, mine, per * sizeof *mine, all, &req));
-    H_WAIT_FREE(req, SLIME_OK);
-    for (size_t i = 0; i < 2 * per; i++) /* block q holds rank q's floats */
-        if (all[i] != (float)((i % per) % 509) + 1000.0f * (float)(i / per)) H_CHECK_EQ(i, 2 * per);
-}
-
-/* A reduce_scatter of 2 blocks of per floats into mine, checked. */
-static void reduce_scatter_checked(h_rank_t *r, slime_comm_t *comm, float *mine, float *all, size_t per) {
-    for (size_t i = 0; i < 2 * per; i++) all[i] = (float)(i % 251) + (float)r->rank;
-    slime_req_t *req = NULL;
-    H_CHECK_OK(slime_reduce_scatter(comm, all, mine, per, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
-    H_WAIT_FREE(req, SLIME_OK);
-    for (size_t i = 0; i < per; i++)
-        if (mine[i] != 2.0f * (float)((i + r->rank * per) % 251) + 1.0f) H_CHECK_EQ(i, per);
-}
-
 static void case_copying_rings(h_rank_t *r) {
     if (!cores_for_both(r)) return;
     slime_ctx_t *ctx = NULL;
     slime_comm_t *comm = pair_comm(r, NULL, 9, &ctx);
     const size_t n = 32 * H_KIB; /* floats per rank: 128 KiB */
-    float *mine = h_alloc(n * sizeof *mine), *all = h_alloc(2 * n * sizeof *all);
-    allgather_checked(r, comm, mine, all, n);
+    t_allgather_checked(comm, 2, r->rank, n * sizeof(float), false, 1);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 1);
-    allgather_checked(r, comm, mine, all, n / 2);
+    t_allgather_checked(comm, 2, r->rank, n / 2 * sizeof(float), false, 2);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 2);
-    allgather_checked(r, comm, mine, all, n / 16);
+    t_allgather_checked(comm, 2, r->rank, n / 16 * sizeof(float), false, 3);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 2);
-    reduce_scatter_checked(r, comm, mine, all, n);
+    t_reduce_scatter_checked(comm, 2, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, n, false);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 3);
-    reduce_scatter_checked(r, comm, mine, all, n / 2);
+    t_reduce_scatter_checked(comm, 2, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, n / 2, false);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 3);
-    slime_req_t *req = NULL;
-    H_CHECK_OK(slime_allreduce(comm, all, 2 * n, SLIME_DT_FLOAT32, SLIME_RED_SUM, &req));
-    H_WAIT_FREE(req, SLIME_OK);
+    t_allreduce_checked(comm, 2, r->rank, SLIME_DT_FLOAT32, SLIME_RED_SUM, 2 * n);
     H_CHECK_EQ(slime_ctx_counter(ctx, SLIME_COUNTER_SHM_FETCHES), 3);
-    free(mine);
-    free(all);
     pair_comm_end(r, ctx, comm);
 }
 
