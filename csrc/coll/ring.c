@@ -416,10 +416,9 @@ static bool ring_alloc(ring_state_t *g) {
      * them (4 MiB 192 / 228, 256 MiB 25544 / 29633). */
     size_t chunk = coll_chunk_bytes();
     if (p->total * p->esize >= read_chunks_min(p)) {
-        if (p->reduce_steps == 0) chunk *= 2;
-        else if (!read_links_agreed(g)) return false;
-        else if (g->r->comm->read_links == READ_LINKS_ALL) chunk /= 2;
-        else chunk *= 2;
+        if (p->reduce_steps > 0 && !read_links_agreed(g)) return false;
+        bool halve = p->reduce_steps > 0 && g->r->comm->read_links == READ_LINKS_ALL;
+        chunk = halve ? chunk / 2 : chunk * 2;
     }
     g->ce = chunk / p->esize;
     if (g->ce == 0) g->ce = 1;
