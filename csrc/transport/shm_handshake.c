@@ -215,7 +215,9 @@ slime_status_t shm_dial(slime_ctx_t *ctx, const wire_addr_t *peer, uint64_t dead
     if (ring < RING_MIN || ring > RING_MAX)
         return slime_errorf(SLIME_ERR_INVAL, "DLSLIME_SHM_RING=%" PRIu64 ": a ring is %llu bytes to %llu", ring, RING_MIN,
                             RING_MAX);
-    ring &= ~(uint64_t)(SHM_LINE - 1); /* whole lines, where packets start */
+    /* whole pairs of lines: packets start on lines, and the larger ones
+     * on pairs (shm_ring.c) */
+    ring &= ~(uint64_t)(2 * SHM_LINE - 1);
     size_t len = shm_seg_size(ring);
     uint8_t *seg = NULL;
     int sock = -1, segfd = -1, peerfd = -1;
