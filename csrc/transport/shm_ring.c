@@ -207,14 +207,19 @@ void shm_copy_stream(uint8_t *dst, const uint8_t *src, size_t n) {
 
 /* A read with at least this many bytes still to come for its destination
  * streams past the cache: most of such a destination would be evicted
- * before anyone reads it anyway (the L3 here is 32 MiB, shared by both
- * processes), and skipping the line fills leaves the memory bus to the
- * sender's reads.  Measured with p2p_bench sendrecv (medians of 5,
- * loaded 2-core machine): 64 MiB 5.5 -> 6.8-7.0 GB/s, 16 MiB 5.9 ->
- * 6.4-7.1 GB/s; limits of 2, 4 and 8 MiB were within noise of each other
- * there, but 1 MiB made a cache-hot 1 MiB torch ping-pong 3x slower.
+ * before anyone reads it anyway, and skipping the line fills leaves the
+ * memory bus to the sender's reads.  Measured first on a machine whose
+ * L3 was 32 MiB, shared by both processes (p2p_bench sendrecv, medians
+ * of 5): 64 MiB 5.5 -> 6.8-7.0 GB/s, 16 MiB 5.9 -> 6.4-7.1 GB/s with a
+ * limit of 4 MiB; 1 MiB made a cache-hot 1 MiB torch ping-pong 3x
+ * slower.  On the 2-core Intel machine of the ring's other measurements
+ * the rings now carry mostly broadcasts and collectives' chunks there
+ * (large sends are fetched), and 16 MiB beat 4 (p2p_bench, alternating,
+ * avg us): broadcast 8 MiB 769 -> 696, 16 MiB 1589 -> 1379; sendrecv
+ * through the rings (DLSLIME_SHM_FETCH_ROOMY=0) 6 MiB 605 -> 562, 16 MiB
+ * 1700 -> 1363; 32 and 64 MiB, allgather and reduce_scatter level.
  * The tail of a message stays in cache for whoever reads it next. */
-#define STREAM_MIN (4u << 20)
+#define STREAM_MIN (16u << 20)
 
 /* A writer that found the ring full asked for a doorbell (tx_fits):
  * give it one, if it sleeps.  The fence orders the head's store, which
