@@ -154,7 +154,8 @@ static int post(coll_run_t *r, enum xfer_kind kind, int peer, uint32_t step, voi
     slime_ep_t *ep = c->peers[peer];
     const send_opts_t so = {.sync = kind == XFER_SEND_SYNC || kind == XFER_SEND_FETCHED,
                             .recv_posted = kind == XFER_SEND_POSTED,
-                            .path = send_path(kind, len)};
+                            .path = send_path(kind, len),
+                            .coarse = r->op->typed};
     slime_status_t st = kind == XFER_RECV ? slime_recv(ep, buf, len, tag, q) : p2p_send(ep, buf, len, tag, &so, q);
     return slot_posted(r, h, st);
 }

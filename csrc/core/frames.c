@@ -72,6 +72,8 @@ int frames_flush(slime_ep_t *ep) {
                 want += iov[n++].iov_len;
             }
         }
+        const txn_t *first = container_of(ep->txq.next, txn_t, link);
+        ep->tx_coarse = first->req && first->req->coarse;
         ssize_t w = ep->tp->writev(ep, iov, n);
         if (w < 0) return 1; /* the endpoint failed; its queue is gone */
         if (w == 0) break;

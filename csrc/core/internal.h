@@ -57,6 +57,7 @@ struct slime_req {
     bool sync;
     bool recv_posted;
     send_path_t path;
+    bool coarse;
     slime_mr_t *local_mr;       /* RMA: the local region, pinned */
     /* batches */
     slime_req_t *parent;
@@ -280,6 +281,7 @@ struct slime_ep {
     int fd;                     /* registered with ctx->epfd, or -1 */
     struct pollable *pollable;
     slime_list_t txq;           /* txn_t, in order */
+    bool tx_coarse;             /* the frame writev is given first is a coarse send's (send_opts_t) */
     bool want_out;              /* EPOLLOUT armed */
     rx_ctx_t rx;
     slime_list_t pending;       /* reqs that fail when the ep goes down */

@@ -100,6 +100,7 @@ static void post_send(slime_ctx_t *ctx, slime_ep_t *ep, const slime_op_t *op, sl
     size_t sent = 0; /* of the frame, written at once */
     list_push_back(&ep->pending, &req->eplink);
     if (eager && list_empty(&ep->txq)) {
+        ep->tx_coarse = req->coarse;
         int r = frames_send_now(ep, &hdr, op->buf, &sent);
         if (r > 0 && !req->parent) {
             /* nobody has seen req yet: no id to release, no waiter to wake */
@@ -196,6 +197,7 @@ static slime_status_t post_one_ex(slime_ctx_t *ctx, const slime_op_t *op, slime_
             req->sync = so->sync;
             req->recv_posted = so->recv_posted;
             req->path = so->path;
+            req->coarse = so->coarse;
         }
         op_post(ctx, op, &d, req);
     }

@@ -132,7 +132,8 @@ void *shm_map_ring(int fd, size_t len, bool creator) {
  * sendrecv, 256 KiB against 64 KiB taking turns (Intel, 2 cores, 4 MiB of
  * L2; avg us): 128 KiB 13.9 -> 11.7, 256 KiB 26.6 -> 19.9, 1 MiB 98 ->
  * 92, 4 MiB 380 -> 359; 16 MiB to 256 MiB, all_reduce and broadcast level
- * or better.  32 KiB made a 128 KiB all_reduce slower. */
+ * or better.  32 KiB made a 128 KiB all_reduce slower.  Sends whose
+ * receiver only copies cut finer pieces (shm_ring.c, SHM_FINE_PIECE). */
 #define SHM_CHUNK (64u << 10)
 
 shm_conn_t *shm_conn_new(int sock, uint8_t *seg, size_t seg_len, uint64_t ring, mr_shared_t *peer, bool dialer) {
