@@ -152,6 +152,7 @@ static int post(coll_run_t *r, enum xfer_kind kind, int peer, uint32_t step, voi
     uint64_t tag = comm_coll_tag(c, r->op->seq, step);
     slime_req_t **q = &r->x[h].req;
     slime_ep_t *ep = c->peers[peer];
+    /* a typed collective reduces: its receivers combine what comes */
     const send_opts_t so = {.sync = kind == XFER_SEND_SYNC || kind == XFER_SEND_FETCHED,
                             .recv_posted = kind == XFER_SEND_POSTED,
                             .path = send_path(kind, len),
