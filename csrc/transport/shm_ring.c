@@ -168,11 +168,12 @@ static size_t tx_fits(shm_conn_t *c, size_t want) {
  * pieces shorten the stretch where only one of us copies.  p2p_bench
  * sendrecv, 64 KiB pieces against 16 KiB taking turns (avg us): 32 KiB
  * 5.42 -> 4.73, 64 KiB 9.20 -> 7.08, 128 KiB 13.1 -> 11.2, 512 KiB 38.3
- * -> 36.0, 2 and 6 MiB level; broadcast 1 MiB 69 -> 58, allgather 1 MiB
- * 23.2 -> 21.4.  A reducing collective's chunks (send_opts_t.coarse)
- * keep DLSLIME_SHM_CHUNK: their reader reduces each piece and sends its
- * own meanwhile, and 16 KiB pieces made a 128 KiB all_reduce 18.2 ->
- * 23.2 us (32 KiB: a 256 KiB one 34.3 -> 36.9). */
+ * -> 36.0, 2 and 6 MiB level; through torch, 2 ranks, send_recv 64 KiB
+ * 14.9 -> 12.7; broadcast and allgather level (from 32 KiB to 1 MiB
+ * their receivers fetch).  A reducing collective's chunks
+ * (send_opts_t.coarse) keep DLSLIME_SHM_CHUNK: their reader reduces each
+ * piece and sends its own meanwhile, and 16 KiB pieces made a 128 KiB
+ * all_reduce 18.2 -> 23.2 us (32 KiB: a 256 KiB one 34.3 -> 36.9). */
 #define SHM_FINE_PIECE (16u << 10)
 
 /* A piece a packet: the reader copies one out while we copy the next in.
