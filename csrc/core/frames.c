@@ -50,6 +50,13 @@ static void arm_out(slime_ep_t *ep) {
     ep->want_out = want;
 }
 
+/* The transport's writev of frames, the first of them req's (NULL: a
+ * frame no request sends): its send options go along (ep->tx_coarse). */
+static ssize_t write_frames(slime_ep_t *ep, const struct iovec *iov, int n, const slime_req_t *req) {
+    ep->tx_coarse = req && req->coarse;
+    return ep->tp->writev(ep, iov, n);
+}
+
 int frames_flush(slime_ep_t *ep) {
     size_t moved = 0;
     while (ep->state == EP_UP && !list_empty(&ep->txq)) {
@@ -72,9 +79,7 @@ int frames_flush(slime_ep_t *ep) {
                 want += iov[n++].iov_len;
             }
         }
-        const txn_t *first = container_of(ep->txq.next, txn_t, link);
-        ep->tx_coarse = first->req && first->req->coarse;
-        ssize_t w = ep->tp->writev(ep, iov, n);
+        ssize_t w = write_frames(ep, iov, n, container_of(ep->txq.next, txn_t, link)->req);
         if (w < 0) return 1; /* the endpoint failed; its queue is gone */
         if (w == 0) break;
         moved += (size_t)w;
@@ -100,10 +105,10 @@ int frames_flush(slime_ep_t *ep) {
     return moved > 0;
 }
 
-int frames_send_now(slime_ep_t *ep, const frame_t *hdr, const void *payload, size_t *sent) {
+int frames_send_now(slime_ep_t *ep, const slime_req_t *req, const frame_t *hdr, const void *payload, size_t *sent) {
     size_t hs = frame_wire_size(hdr);
     struct iovec iov[2] = {{(void *)hdr, hs}, {(void *)payload, hdr->len}};
-    ssize_t w = ep->tp->writev(ep, iov, hdr->len ? 2 : 1);
+    ssize_t w = write_frames(ep, iov, hdr->len ? 2 : 1, req);
     if (w < 0) return -1;
     *sent = (size_t)w;
     return *sent == hs + hdr->len;

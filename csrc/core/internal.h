@@ -281,7 +281,7 @@ struct slime_ep {
     int fd;                     /* registered with ctx->epfd, or -1 */
     struct pollable *pollable;
     slime_list_t txq;           /* txn_t, in order */
-    bool tx_coarse;             /* the frame writev is given first is a coarse send's (send_opts_t) */
+    bool tx_coarse;             /* the frame writev is given first is a coarse send's (send_opts_t; frames.c sets it) */
     bool want_out;              /* EPOLLOUT armed */
     rx_ctx_t rx;
     slime_list_t pending;       /* reqs that fail when the ep goes down */
@@ -352,8 +352,9 @@ int frames_flush(slime_ep_t *ep);   /* >0 if it moved bytes */
 /* A frame written at once, with no queue entry, by a caller whose
  * endpoint has nothing queued (ep->txq empty): 1 when the transport took
  * it whole; 0 when not (*sent: the bytes that went, which the caller
- * queues the rest after); -1 when the endpoint failed. */
-int frames_send_now(slime_ep_t *ep, const frame_t *hdr, const void *payload, size_t *sent);
+ * queues the rest after); -1 when the endpoint failed.  req: the send
+ * whose frame it is. */
+int frames_send_now(slime_ep_t *ep, const slime_req_t *req, const frame_t *hdr, const void *payload, size_t *sent);
 /* An F_EAGER header, in the short form where its length allows. */
 frame_t frame_eager(uint64_t tag, uint64_t len);
 /* The bytes of h on the wire (the short form's or the whole header). */

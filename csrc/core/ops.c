@@ -100,8 +100,7 @@ static void post_send(slime_ctx_t *ctx, slime_ep_t *ep, const slime_op_t *op, sl
     size_t sent = 0; /* of the frame, written at once */
     list_push_back(&ep->pending, &req->eplink);
     if (eager && list_empty(&ep->txq)) {
-        ep->tx_coarse = req->coarse;
-        int r = frames_send_now(ep, &hdr, op->buf, &sent);
+        int r = frames_send_now(ep, req, &hdr, op->buf, &sent);
         if (r > 0 && !req->parent) {
             /* nobody has seen req yet: no id to release, no waiter to wake */
             list_del(&req->eplink);

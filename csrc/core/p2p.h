@@ -83,10 +83,11 @@ typedef struct send_opts {
      * early eager message, within the unexpected-bytes cap. */
     bool recv_posted;
     send_path_t path;
-    /* a reducing collective's chunk: its receiver reduces each piece of
-     * the stream as it comes and sends chunks of its own meanwhile, so
-     * the bytes go in the transport's large pieces (shm: every publish
-     * costs the reducer a look; see shm_writev) */
+    /* a reducing collective's chunk: its receiver reduces it (a ring
+     * all_reduce's straight out of the stream, piece by piece) and sends
+     * chunks of its own meanwhile, so the bytes go in the transport's
+     * large pieces (shm: more publishes only cost the reducer looks; see
+     * shm_writev) */
     bool coarse;
 } send_opts_t;
 
